@@ -1,0 +1,307 @@
+// Package cli is the thin command layer: flags, wiring, output and exit
+// codes. It returns an exit code; only main exits.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/observe"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/wait"
+	"github.com/kairos-io/provider-kubernetes/pkg/plan"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// Version is stamped at build time.
+var Version = "dev"
+
+const usage = `provider-kubernetes: installs and upgrades Kubernetes with kubeadm on Kairos nodes.
+
+Usage:
+  provider-kubernetes reconcile [--root DIR] [--cluster-file FILE]
+      One reconcile pass: observe, decide, act, report. Run on every boot by
+      provider-kubernetes-reconcile.service.
+  provider-kubernetes plan [--root DIR] [--cluster-file FILE] [-o text|json]
+                           [--pin V] [--bundled V|unknown] [--node-version V|unknown]
+                           [--cluster-version V|unknown] [--role init|controlplane|worker]
+                           [--member=true|false]
+      What the next boot would do, changing nothing. Facts given as flags
+      replace what would be read from the node; with every fact given it
+      reads nothing and works on any machine.
+  provider-kubernetes status [--root DIR] [-o text|yaml|json]
+      The last pass's status document.
+  provider-kubernetes version
+      This binary's version and supported window.
+
+Exit codes: 0 converged or nothing to do, 1 failed, 2 usage, 3 refused.
+`
+
+// Main runs the command line args and returns the exit code.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return reconcile.ExitUsage
+	}
+	switch args[0] {
+	case "reconcile":
+		return cmdReconcile(ctx, args[1:], stdout, stderr)
+	case "plan":
+		return cmdPlan(ctx, args[1:], stdout, stderr)
+	case "status":
+		return cmdStatus(args[1:], stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintf(stdout, "provider-kubernetes %s (release %s, Kubernetes %s)\n", Version, images.Get().Release, images.Window())
+		return reconcile.ExitOK
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return reconcile.ExitOK
+	}
+	fmt.Fprintf(stderr, "unknown command %q\n\n%s", args[0], usage)
+	return reconcile.ExitUsage
+}
+
+func newFlags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage) }
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return reconcile.ExitOK, false
+		}
+		return reconcile.ExitUsage, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "unexpected arguments: %v\n", fs.Args())
+		return reconcile.ExitUsage, false
+	}
+	return 0, true
+}
+
+func checkRoot(root string, stderr io.Writer) bool {
+	if !filepath.IsAbs(root) {
+		fmt.Fprintf(stderr, "--root must be an absolute path, got %q\n", root)
+		return false
+	}
+	return true
+}
+
+func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("reconcile", stderr)
+	root := fs.String("root", "/", "host root every path is read and written under")
+	clusterFile := fs.String("cluster-file", paths.ClusterFile, "cluster file (host path under --root)")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if !checkRoot(*root, stderr) {
+		return reconcile.ExitUsage
+	}
+	r := paths.Root(*root)
+	logFile, err := OpenLog(r)
+	if err != nil {
+		fmt.Fprintf(stderr, "open reconcile log: %v\n", err)
+		return reconcile.ExitFailed
+	}
+	defer logFile.Close()
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(logFile, stderr), nil))
+	ctx, cancel := context.WithTimeout(ctx, reconcile.PassBound)
+	defer cancel()
+	res := reconcile.Run(ctx, reconcile.Options{
+		Root: r, ClusterFile: *clusterFile, Runner: runner.Exec{Root: *root}, Log: log,
+	})
+	if res.Err != nil {
+		fmt.Fprintf(stderr, "reconcile: %v\n", res.Err)
+	}
+	return res.ExitCode
+}
+
+// OpenLog opens the reconcile log for appending, 0640, never through a symlink.
+func OpenLog(r paths.Root) (*os.File, error) {
+	p := r.Path(paths.ReconcileLog)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_APPEND|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o640)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	return os.NewFile(uintptr(fd), p), nil
+}
+
+// versionFlag is a version or "unknown", remembered only when set.
+type versionFlag struct {
+	v   version.Version
+	set bool
+}
+
+func (f *versionFlag) String() string { return "" }
+func (f *versionFlag) Set(s string) error {
+	f.set = true
+	if s == "unknown" {
+		f.v = version.Version{}
+		return nil
+	}
+	v, err := version.Parse(s)
+	if err != nil {
+		return err
+	}
+	f.v = v
+	return nil
+}
+
+func (f *versionFlag) ptr() *version.Version {
+	if !f.set {
+		return nil
+	}
+	return &f.v
+}
+
+func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("plan", stderr)
+	root := fs.String("root", "/", "host root every path is read under")
+	clusterFile := fs.String("cluster-file", paths.ClusterFile, "cluster file (host path under --root)")
+	out := fs.String("o", "text", "output: text or json")
+	var bundled, nodeV, clusterV versionFlag
+	fs.Var(&bundled, "bundled", "bundled kubeadm version, or unknown")
+	fs.Var(&nodeV, "node-version", "this node's version, or unknown")
+	fs.Var(&clusterV, "cluster-version", "the cluster's version, or unknown")
+	pin := fs.String("pin", "", "the pin (clusterConfiguration.kubernetesVersion), as written")
+	role := fs.String("role", "", "init, controlplane or worker")
+	member := fs.Bool("member", false, "whether this node is already a cluster member")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if !checkRoot(*root, stderr) {
+		return reconcile.ExitUsage
+	}
+	if *out != "text" && *out != "json" {
+		fmt.Fprintf(stderr, "-o must be text or json, got %q\n", *out)
+		return reconcile.ExitUsage
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	ov := reconcile.Overrides{Bundled: bundled.ptr(), Node: nodeV.ptr(), Cluster: clusterV.ptr()}
+	if set["pin"] {
+		ov.Pin = pin
+	}
+	if set["role"] {
+		r, err := plan.ParseRole(*role)
+		if err != nil {
+			fmt.Fprintf(stderr, "--role: %v\n", err)
+			return reconcile.ExitUsage
+		}
+		ov.Role = &r
+	}
+	if set["member"] {
+		ov.Member = member
+	}
+	b := reconcile.DefaultBudgets()
+	o := &observe.Observer{Root: paths.Root(*root), ClusterFile: *clusterFile, Runner: runner.Exec{Root: *root},
+		APITimeout: b.APIRequest}
+	obs := reconcile.Gather(ctx, o, ov, wait.Budget{Total: 10 * 1e9, Interval: 2 * 1e9, PerAttempt: b.APIRequest})
+	pl := plan.Decide(images.Window(), obs.Facts)
+	if *out == "json" {
+		e := json.NewEncoder(stdout)
+		if err := e.Encode(pl); err != nil {
+			fmt.Fprintf(stderr, "encode: %v\n", err)
+			return reconcile.ExitFailed
+		}
+	} else {
+		printPlan(stdout, obs, pl)
+	}
+	if pl.Refused() {
+		return reconcile.ExitRefused
+	}
+	return reconcile.ExitOK
+}
+
+func printPlan(w io.Writer, obs reconcile.Observation, pl plan.Plan) {
+	f := obs.Facts
+	vs := func(v version.Version) string {
+		if v.IsZero() {
+			return "unknown"
+		}
+		return v.String()
+	}
+	pin := f.Pin
+	if pin == "" {
+		pin = "(not set)"
+	}
+	fmt.Fprintf(w, "Facts:    member=%v role=%s pin=%s bundled=%s node=%s cluster=%s\n", f.Member, orDash(string(f.Role)), pin, vs(f.Bundled), vs(f.Node), vs(f.Cluster))
+	switch pl.Verdict {
+	case plan.VerdictRefuse:
+		fmt.Fprintf(w, "Verdict:  REFUSE %s (%s)\n", pl.Refusal, pl.Reason)
+	case plan.VerdictNone:
+		fmt.Fprintf(w, "Verdict:  nothing to do\n")
+	default:
+		steps := make([]string, len(pl.Actions))
+		for i, a := range pl.Actions {
+			steps[i] = fmt.Sprintf("%d. %s", i+1, a)
+		}
+		fmt.Fprintf(w, "Verdict:  act\nActions:  %s\n", strings.Join(steps, "  "))
+		if pl.Redecide {
+			fmt.Fprintf(w, "          then observe again and decide again\n")
+		}
+	}
+	fmt.Fprintf(w, "Message:  %s\n", pl.Message)
+	for _, x := range pl.Warnings {
+		fmt.Fprintf(w, "Warning:  %s\n", x)
+	}
+	for _, n := range obs.Notes {
+		fmt.Fprintf(w, "Observed: %s\n", runner.Sanitize(n, 300))
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func cmdStatus(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("status", stderr)
+	root := fs.String("root", "/", "host root")
+	out := fs.String("o", "text", "output: text, yaml or json")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if !checkRoot(*root, stderr) {
+		return reconcile.ExitUsage
+	}
+	if *out != "text" && *out != "yaml" && *out != "json" {
+		fmt.Fprintf(stderr, "-o must be text, yaml or json, got %q\n", *out)
+		return reconcile.ExitUsage
+	}
+	doc, src, err := status.ReadCurrent(paths.Root(*root))
+	if err != nil {
+		fmt.Fprintf(stderr, "status: %v\n", err)
+		return reconcile.ExitFailed
+	}
+	if *out == "text" && src == paths.StatusMirror {
+		fmt.Fprintf(stdout, "(from the persistent mirror %s: no pass has run on this boot yet)\n", src)
+	}
+	if err := status.Print(stdout, doc, *out); err != nil {
+		fmt.Fprintf(stderr, "status: %v\n", err)
+		return reconcile.ExitFailed
+	}
+	return reconcile.ExitOK
+}

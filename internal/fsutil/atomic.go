@@ -1,0 +1,117 @@
+// Package fsutil writes files the way the provider promises: atomically,
+// with exact modes, never through a symlink.
+package fsutil
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// WriteFileAtomic writes data to path through path.part: created exclusively
+// without following symlinks, fsynced, closed, renamed over path, the
+// directory fsynced, then read back and compared. On any failure the .part
+// file is removed and path is left as it was.
+func WriteFileAtomic(path string, data []byte, mode os.FileMode) (err error) {
+	dir := filepath.Dir(path)
+	part := path + ".part"
+	// A stale .part from a crash is ours to remove; a symlink there is removed, not followed.
+	if rmErr := os.Remove(part); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+		return fmt.Errorf("remove stale %s: %w", part, rmErr)
+	}
+	fd, err := unix.Open(part, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode.Perm()))
+	if err != nil {
+		return fmt.Errorf("create %s: %w", part, err)
+	}
+	f := os.NewFile(uintptr(fd), part)
+	defer func() {
+		if err != nil {
+			_ = f.Close()
+			_ = os.Remove(part)
+		}
+	}()
+	// The umask may have narrowed the mode: set it exactly.
+	if err = f.Chmod(mode.Perm()); err != nil {
+		return fmt.Errorf("chmod %s: %w", part, err)
+	}
+	if _, err = f.Write(data); err != nil {
+		return fmt.Errorf("write %s: %w", part, err)
+	}
+	if err = f.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", part, err)
+	}
+	if err = f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", part, err)
+	}
+	if err = os.Rename(part, path); err != nil {
+		return fmt.Errorf("rename %s: %w", part, err)
+	}
+	if d, derr := os.Open(dir); derr == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	got, err := ReadFileNoFollow(path, int64(len(data))+1)
+	if err != nil {
+		return fmt.Errorf("verify %s: %w", path, err)
+	}
+	if !bytes.Equal(got, data) {
+		return fmt.Errorf("verify %s: content differs after rename", path)
+	}
+	return nil
+}
+
+// ErrTooLarge is returned by ReadFileNoFollow for a file over its limit.
+var ErrTooLarge = errors.New("file too large")
+
+// ReadFileNoFollow reads at most limit bytes of a regular file, refusing a
+// symlink in the last component.
+func ReadFileNoFollow(path string, limit int64) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	if st.Size() > limit {
+		return nil, fmt.Errorf("%s: %w (%d bytes, limit %d)", path, ErrTooLarge, st.Size(), limit)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s: %w (limit %d)", path, ErrTooLarge, limit)
+	}
+	return b, nil
+}
+
+// MkdirAllMode creates dir (and parents) and sets dir's mode exactly,
+// refusing when dir exists as a symlink or a non-directory.
+func MkdirAllMode(dir string, mode os.FileMode) error {
+	if err := os.MkdirAll(dir, mode); err != nil {
+		return err
+	}
+	st, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s: not a directory", dir)
+	}
+	if st.Mode().Perm() != mode.Perm() {
+		return os.Chmod(dir, mode.Perm())
+	}
+	return nil
+}

@@ -1,0 +1,175 @@
+// Package kube reads what the provider needs from the API through client-go:
+// the cluster version from kube-system/kubeadm-config and a Node's kubelet
+// version. Kubeconfigs are read under the root, with their file paths
+// re-based there too.
+package kube
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// Client is a clientset plus where it came from.
+type Client struct {
+	Clientset  kubernetes.Interface
+	Kubeconfig string // host path
+	NodeName   string // from the kubeconfig's client certificate, if it is a node's
+}
+
+// ErrNoKubeconfig is returned when neither kubelet.conf nor admin.conf exists.
+var ErrNoKubeconfig = errors.New("no kubeconfig: neither kubelet.conf nor admin.conf is readable")
+
+// Load builds a client from the first readable kubeconfig (host paths under
+// root). The per-request timeout bounds every call made through it.
+func Load(root paths.Root, timeout time.Duration, kubeconfigs ...string) (*Client, error) {
+	var errs []error
+	for _, kc := range kubeconfigs {
+		c, err := load(root, kc, timeout)
+		if err == nil {
+			return c, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("%w: %v", ErrNoKubeconfig, errors.Join(errs...))
+}
+
+func load(root paths.Root, kc string, timeout time.Duration) (*Client, error) {
+	b, err := fsutil.ReadFileNoFollow(root.Path(kc), 1<<20)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", kc, err)
+	}
+	cfg, err := clientcmd.Load(b)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", kc, err)
+	}
+	rebase(root, cfg)
+	rc, err := clientcmd.NewDefaultClientConfig(*cfg, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("client config %s: %w", kc, err)
+	}
+	rc.Timeout = timeout
+	rc.UserAgent = "provider-kubernetes"
+	rc.QPS, rc.Burst = 20, 40
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("clientset %s: %w", kc, err)
+	}
+	return &Client{Clientset: cs, Kubeconfig: kc, NodeName: nodeName(root, rc)}, nil
+}
+
+func rebase(root paths.Root, cfg *clientcmdapi.Config) {
+	re := func(p string) string {
+		if strings.HasPrefix(p, "/") {
+			return root.Path(p)
+		}
+		return p
+	}
+	for _, c := range cfg.Clusters {
+		c.CertificateAuthority = re(c.CertificateAuthority)
+	}
+	for _, a := range cfg.AuthInfos {
+		a.ClientCertificate = re(a.ClientCertificate)
+		a.ClientKey = re(a.ClientKey)
+		a.TokenFile = re(a.TokenFile)
+	}
+}
+
+// nodeName is the CN of a node client certificate ("system:node:NAME").
+func nodeName(root paths.Root, rc *rest.Config) string {
+	data := rc.TLSClientConfig.CertData
+	if len(data) == 0 && rc.TLSClientConfig.CertFile != "" {
+		b, err := fsutil.ReadFileNoFollow(rc.TLSClientConfig.CertFile, 1<<20)
+		if err != nil {
+			return ""
+		}
+		data = b
+	}
+	for len(data) > 0 {
+		var blk *pem.Block
+		blk, data = pem.Decode(data)
+		if blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return ""
+		}
+		if n, ok := strings.CutPrefix(c.Subject.CommonName, "system:node:"); ok {
+			return n
+		}
+		return ""
+	}
+	return ""
+}
+
+// ClusterVersion reads kube-system/kubeadm-config ClusterConfiguration.kubernetesVersion.
+func (c *Client) ClusterVersion(ctx context.Context) (version.Version, error) {
+	cm, err := c.Clientset.CoreV1().ConfigMaps("kube-system").Get(ctx, "kubeadm-config", metav1.GetOptions{})
+	if err != nil {
+		return version.Version{}, fmt.Errorf("get kube-system/kubeadm-config via %s: %w", c.Kubeconfig, err)
+	}
+	raw, ok := cm.Data["ClusterConfiguration"]
+	if !ok {
+		return version.Version{}, fmt.Errorf("kube-system/kubeadm-config has no ClusterConfiguration")
+	}
+	var cc struct {
+		KubernetesVersion string `json:"kubernetesVersion"`
+	}
+	if err := yaml.Unmarshal([]byte(raw), &cc); err != nil {
+		return version.Version{}, fmt.Errorf("parse kubeadm-config ClusterConfiguration: %w", err)
+	}
+	v, err := version.ParseReported(cc.KubernetesVersion)
+	if err != nil {
+		return version.Version{}, fmt.Errorf("kubeadm-config kubernetesVersion: %w", err)
+	}
+	return v, nil
+}
+
+// NodeInfo is what the provider reads of a Node.
+type NodeInfo struct {
+	KubeletVersion version.Version
+	Ready          bool
+	ReadyReason    string
+}
+
+// Node reads a Node's kubelet version and readiness.
+func (c *Client) Node(ctx context.Context, name string) (NodeInfo, error) {
+	if name == "" {
+		return NodeInfo{}, errors.New("node name unknown")
+	}
+	n, err := c.Clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return NodeInfo{}, fmt.Errorf("get node %s: %w", name, err)
+	}
+	v, err := version.ParseReported(n.Status.NodeInfo.KubeletVersion)
+	if err != nil {
+		return NodeInfo{}, fmt.Errorf("node %s kubeletVersion: %w", name, err)
+	}
+	ni := NodeInfo{KubeletVersion: v}
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == "Ready" {
+			ni.Ready = cond.Status == "True"
+			ni.ReadyReason = cond.Reason
+		}
+	}
+	return ni, nil
+}

@@ -1,0 +1,269 @@
+// Package observe is the only place that reads the host for decisions. It
+// turns files under the root, the bundled binaries and the API into plain
+// facts for the plan. Each fact is read on its own, so the plan preview can
+// take some facts from flags and read only the rest, and a converged boot
+// reads no more than it needs (no kubeadm exec, no API wait).
+package observe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kairos-io/provider-kubernetes/internal/bundle"
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/kube"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/wait"
+	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
+	"github.com/kairos-io/provider-kubernetes/pkg/plan"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// Observer reads facts from a host root.
+type Observer struct {
+	Root        paths.Root
+	ClusterFile string // host path of the cluster file
+	Runner      runner.Runner
+	Clock       wait.Clock
+	// APITimeout bounds one API request.
+	APITimeout time.Duration
+	// KubeadmVersionTimeout bounds the kubeadm version fallback.
+	KubeadmVersionTimeout time.Duration
+	Log                   *slog.Logger
+}
+
+// Config is the cluster file, parsed.
+type Config struct {
+	Cluster *clusterconfig.Cluster
+	Kubeadm *clusterconfig.Kubeadm
+	Pin     string
+	Role    plan.Role
+}
+
+// Config reads the cluster file. An unreadable or invalid file is an error
+// that the caller turns into an InvalidPin refusal.
+func (o *Observer) Config() (Config, error) {
+	p := o.ClusterFile
+	if p == "" {
+		p = paths.ClusterFile
+	}
+	b, err := fsutil.ReadFileNoFollow(o.Root.Path(p), clusterconfig.MaxSize)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return Config{}, fmt.Errorf("cluster file %s does not exist: the Kairos plugin writes it from the cloud-config's cluster: section", p)
+		}
+		return Config{}, fmt.Errorf("read cluster file %s: %w", p, err)
+	}
+	c, err := clusterconfig.Parse(b)
+	if err != nil {
+		return Config{}, fmt.Errorf("cluster file %s: %w", p, err)
+	}
+	k, err := c.Kubeadm()
+	if err != nil {
+		return Config{}, fmt.Errorf("cluster file %s: %w", p, err)
+	}
+	pin, err := k.Pin()
+	if err != nil {
+		return Config{}, fmt.Errorf("cluster file %s: %w", p, err)
+	}
+	return Config{Cluster: c, Kubeadm: k, Pin: pin, Role: plan.Role(c.Role)}, nil
+}
+
+// Bundled returns the version of the bundled kubeadm: from the bundle
+// manifest, or, only when the manifest is missing, from `kubeadm version -o
+// short`. The source names which one answered.
+func (o *Observer) Bundled(ctx context.Context) (v version.Version, source string, err error) {
+	b, err := fsutil.ReadFileNoFollow(o.Root.Path(paths.BundleManifest), 1<<20)
+	if err == nil {
+		m, err := bundle.Parse(b)
+		if err != nil {
+			return version.Version{}, paths.BundleManifest, fmt.Errorf("%s: %w", paths.BundleManifest, err)
+		}
+		return m.KubeadmVersion(), paths.BundleManifest, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return version.Version{}, paths.BundleManifest, fmt.Errorf("read %s: %w", paths.BundleManifest, err)
+	}
+	timeout := o.KubeadmVersionTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	res, err := o.Runner.Run(ctx, runner.Cmd{Path: paths.Kubeadm, Args: []string{"version", "-o", "short"}, Timeout: timeout})
+	if err != nil {
+		return version.Version{}, paths.Kubeadm, fmt.Errorf("bundle manifest missing and kubeadm version failed: %w", err)
+	}
+	v, err = version.ParseReported(string(res.Stdout))
+	if err != nil {
+		return version.Version{}, paths.Kubeadm, fmt.Errorf("kubeadm version: %w", err)
+	}
+	return v, paths.Kubeadm, nil
+}
+
+// Membership reports whether this node is a cluster member and whether it
+// runs a control plane.
+func (o *Observer) Membership() (member, controlPlane bool, err error) {
+	member, err = exists(o.Root.Path(paths.KubeletConf))
+	if err != nil {
+		return false, false, err
+	}
+	controlPlane, err = exists(o.Root.Path(paths.APIServerManifest))
+	return member, controlPlane, err
+}
+
+func exists(p string) (bool, error) {
+	_, err := os.Lstat(p)
+	if err == nil {
+		return true, nil
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	return false, err
+}
+
+// ControlPlaneVersion is the image tag of this node's kube-apiserver static pod.
+func (o *Observer) ControlPlaneVersion() (version.Version, error) {
+	return ManifestImageVersion(o.Root.Path(paths.APIServerManifest), "kube-apiserver")
+}
+
+// ManifestImageVersion reads the version tag of a static pod manifest's container image.
+func ManifestImageVersion(file, container string) (version.Version, error) {
+	b, err := fsutil.ReadFileNoFollow(file, 1<<20)
+	if err != nil {
+		return version.Version{}, err
+	}
+	img, err := ManifestImage(b, container)
+	if err != nil {
+		return version.Version{}, fmt.Errorf("%s: %w", file, err)
+	}
+	return version.ParseReported(ImageTag(img))
+}
+
+// ManifestImage returns the image of the named container of a static pod manifest.
+func ManifestImage(b []byte, container string) (string, error) {
+	var pod struct {
+		Spec struct {
+			Containers []struct {
+				Name  string `json:"name"`
+				Image string `json:"image"`
+			} `json:"containers"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(b, &pod); err != nil {
+		return "", fmt.Errorf("parse static pod manifest: %w", err)
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == container {
+			return c.Image, nil
+		}
+	}
+	return "", fmt.Errorf("no container %q", container)
+}
+
+// ImageTag returns the tag of an image reference (after the last ':' that
+// follows the last '/'), without a digest.
+func ImageTag(ref string) string {
+	if i := strings.IndexByte(ref, '@'); i >= 0 {
+		ref = ref[:i]
+	}
+	slash := strings.LastIndexByte(ref, '/')
+	colon := strings.LastIndexByte(ref, ':')
+	if colon <= slash {
+		return ""
+	}
+	return ref[colon+1:]
+}
+
+// WorkerVersion is this worker's version: the version the provider last
+// converged it to (the persistent status mirror), else the Node's
+// kubeletVersion, else the bundled kubelet binary. After an A/B swap the
+// kubelet on disk is already the new one, so the record comes first.
+func (o *Observer) WorkerVersion(ctx context.Context, client *kube.Client) (version.Version, string, error) {
+	if d, err := status.Read(o.Root, paths.StatusMirror); err == nil && d.Member && d.NodeVersion != "" {
+		if v, err := version.Parse(d.NodeVersion); err == nil {
+			return v, paths.StatusMirror, nil
+		}
+	}
+	var errs []error
+	if client != nil {
+		name := client.NodeName
+		if name == "" {
+			name = o.Hostname()
+		}
+		actx, cancel := context.WithTimeout(ctx, o.apiTimeout())
+		ni, err := client.Node(actx, name)
+		cancel()
+		if err == nil {
+			return ni.KubeletVersion, "Node " + name, nil
+		}
+		errs = append(errs, err)
+	}
+	res, err := o.Runner.Run(ctx, runner.Cmd{Path: paths.Kubelet, Args: []string{"--version"}, Timeout: 30 * time.Second})
+	if err == nil {
+		v, perr := version.ParseReported(string(res.Stdout))
+		if perr == nil {
+			return v, paths.Kubelet, nil
+		}
+		errs = append(errs, perr)
+	} else {
+		errs = append(errs, err)
+	}
+	return version.Version{}, "", fmt.Errorf("worker version: %w", errors.Join(errs...))
+}
+
+// Hostname is the node's hostname from /proc under the root.
+func (o *Observer) Hostname() string {
+	b, err := os.ReadFile(o.Root.Path(paths.Hostname))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// BootID is this boot's id, or "".
+func (o *Observer) BootID() string {
+	b, err := os.ReadFile(o.Root.Path(paths.BootID))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// Client returns an API client from kubelet.conf, else admin.conf.
+func (o *Observer) Client() (*kube.Client, error) {
+	return kube.Load(o.Root, o.apiTimeout(), paths.KubeletConf, paths.AdminConf)
+}
+
+func (o *Observer) apiTimeout() time.Duration {
+	if o.APITimeout > 0 {
+		return o.APITimeout
+	}
+	return 5 * time.Second
+}
+
+// ClusterVersion reads the cluster version within budget; the zero version
+// and the last error when it cannot be read in time.
+func (o *Observer) ClusterVersion(ctx context.Context, client *kube.Client, b wait.Budget) (version.Version, error) {
+	if client == nil {
+		return version.Version{}, errors.New("no API client")
+	}
+	var v version.Version
+	err := wait.Poll(ctx, o.Clock, b, "read the cluster version", func(ctx context.Context) (bool, error) {
+		got, err := client.ClusterVersion(ctx)
+		if err != nil {
+			return false, err
+		}
+		v = got
+		return true, nil
+	})
+	return v, err
+}

@@ -1,0 +1,44 @@
+// Package paths names every host path the provider reads or writes. Each is
+// an absolute default that Root re-bases, so tests run on t.TempDir() and the
+// same code runs on a node with Root "/".
+package paths
+
+import "path/filepath"
+
+// Host paths, as on a node.
+const (
+	RunDir         = "/run/provider-kubernetes"
+	ClusterFile    = RunDir + "/cluster.yaml"
+	StatusFile     = RunDir + "/status.yaml"
+	LockFile       = RunDir + "/reconcile.lock"
+	TmpDir         = RunDir + "/tmp" // tmpfs: generated kubeadm configs, 0700
+	PersistDir     = "/usr/local/provider-kubernetes"
+	StatusMirror   = PersistDir + "/status.yaml"
+	ReconcileLog   = "/var/log/provider-kubernetes-reconcile.log"
+	BundleManifest = "/usr/share/provider-kubernetes/bundle.yaml"
+
+	Kubeadm   = "/usr/bin/kubeadm"
+	Kubelet   = "/usr/bin/kubelet"
+	Systemctl = "/usr/bin/systemctl"
+
+	KubernetesDir     = "/etc/kubernetes"
+	KubeletConf       = KubernetesDir + "/kubelet.conf"
+	AdminConf         = KubernetesDir + "/admin.conf"
+	ManifestsDir      = KubernetesDir + "/manifests"
+	APIServerManifest = ManifestsDir + "/kube-apiserver.yaml"
+	EtcdManifest      = ManifestsDir + "/etcd.yaml"
+
+	BootID   = "/proc/sys/kernel/random/boot_id"
+	Hostname = "/proc/sys/kernel/hostname"
+)
+
+// Root is the host root every path is re-based on ("/" on a node).
+type Root string
+
+// Path re-bases an absolute host path under the root.
+func (r Root) Path(p string) string {
+	if r == "" || r == "/" {
+		return filepath.Clean(p)
+	}
+	return filepath.Join(string(r), p)
+}

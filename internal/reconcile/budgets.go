@@ -1,0 +1,85 @@
+package reconcile
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Budgets bound every wait and every command of a pass. The defaults are
+// documented in the README; providerConfig.budgets in the cluster section
+// overrides them (durations such as "90s" or "10m").
+type Budgets struct {
+	// ClusterVersion: reading the cluster version when an upgrade may be due.
+	ClusterVersion time.Duration `json:"clusterVersion"`
+	// WaitForCluster: a worker waiting for its control planes to upgrade.
+	WaitForCluster time.Duration `json:"waitForCluster"`
+	// KubeadmUpgrade: one kubeadm upgrade apply or upgrade node.
+	KubeadmUpgrade time.Duration `json:"kubeadmUpgrade"`
+	// KubeletRestart: systemctl daemon-reload plus restart of the kubelet.
+	KubeletRestart time.Duration `json:"kubeletRestart"`
+	// Verify: the node and cluster reporting the target after an upgrade.
+	Verify time.Duration `json:"verify"`
+	// APIRequest: one API request.
+	APIRequest time.Duration `json:"apiRequest"`
+}
+
+// DefaultBudgets are the defaults.
+func DefaultBudgets() Budgets {
+	return Budgets{
+		ClusterVersion: 60 * time.Second,
+		WaitForCluster: 10 * time.Minute,
+		KubeadmUpgrade: 25 * time.Minute,
+		KubeletRestart: 2 * time.Minute,
+		Verify:         5 * time.Minute,
+		APIRequest:     5 * time.Second,
+	}
+}
+
+// PassBound is the documented upper bound of one pass with default budgets:
+// the sum of every budget a pass can spend, with margin. The reconcile unit's
+// TimeoutStartSec uses it.
+const PassBound = 50 * time.Minute
+
+// Total is the most a pass can spend with these budgets.
+func (b Budgets) Total() time.Duration {
+	// Two cluster-version reads (before and after a repair), one wait, one
+	// kubeadm upgrade, one restart, one verification.
+	return 2*b.ClusterVersion + b.WaitForCluster + b.KubeadmUpgrade + b.KubeletRestart + b.Verify
+}
+
+// WithOverrides applies providerConfig's "budgets" map.
+func (b Budgets) WithOverrides(providerConfig json.RawMessage) (Budgets, error) {
+	if len(providerConfig) == 0 || string(providerConfig) == "null" {
+		return b, nil
+	}
+	var pc struct {
+		Budgets map[string]string `json:"budgets"`
+	}
+	if err := json.Unmarshal(providerConfig, &pc); err != nil {
+		return b, fmt.Errorf("providerConfig.budgets: %w", err)
+	}
+	fields := map[string]*time.Duration{
+		"clusterVersion": &b.ClusterVersion,
+		"waitForCluster": &b.WaitForCluster,
+		"kubeadmUpgrade": &b.KubeadmUpgrade,
+		"kubeletRestart": &b.KubeletRestart,
+		"verify":         &b.Verify,
+		"apiRequest":     &b.APIRequest,
+	}
+	for k, v := range pc.Budgets {
+		f, ok := fields[k]
+		if !ok {
+			return b, fmt.Errorf("providerConfig.budgets.%s: unknown budget", k)
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return b, fmt.Errorf("providerConfig.budgets.%s: %q is not a positive duration", k, v)
+		}
+		*f = d
+	}
+	if b.Total() > PassBound {
+		return b, fmt.Errorf("providerConfig.budgets add up to %s, above the pass bound of %s", b.Total(), PassBound)
+	}
+	return b, nil
+}

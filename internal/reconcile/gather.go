@@ -1,0 +1,146 @@
+package reconcile
+
+import (
+	"context"
+
+	"github.com/kairos-io/provider-kubernetes/internal/kube"
+	"github.com/kairos-io/provider-kubernetes/internal/observe"
+	"github.com/kairos-io/provider-kubernetes/internal/wait"
+	"github.com/kairos-io/provider-kubernetes/pkg/plan"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// Overrides are facts given instead of observed (the plan preview's flags).
+// A nil field is observed.
+type Overrides struct {
+	Pin     *string
+	Bundled *version.Version // zero means unknown
+	Node    *version.Version
+	Cluster *version.Version // zero means unknown
+	Role    *plan.Role
+	Member  *bool
+}
+
+// Complete reports whether every fact is given, so nothing is read from the node.
+func (o Overrides) Complete() bool {
+	if o.Pin == nil || o.Bundled == nil || o.Role == nil || o.Member == nil {
+		return false
+	}
+	return !*o.Member || (o.Node != nil && o.Cluster != nil)
+}
+
+// Observation is the facts plus what was learned getting them.
+type Observation struct {
+	Facts        plan.Facts
+	Config       observe.Config // zero when the config was not read
+	ControlPlane bool
+	Client       *kube.Client
+	Notes        []string // why a fact is unknown, where it came from
+}
+
+// Gather observes the facts not given in ov. clusterBudget bounds the
+// cluster-version read when an upgrade may be due; a converged node tries
+// once, briefly, only to be able to warn.
+func Gather(ctx context.Context, o *observe.Observer, ov Overrides, clusterBudget wait.Budget) Observation {
+	var obs Observation
+	f := &obs.Facts
+	note := func(s string) { obs.Notes = append(obs.Notes, s) }
+
+	if ov.Pin == nil || ov.Role == nil {
+		cfg, err := o.Config()
+		if err != nil {
+			if ov.Pin == nil {
+				f.ConfigError = err.Error()
+			}
+			note(err.Error())
+		}
+		obs.Config = cfg
+		f.Pin, f.Role = cfg.Pin, cfg.Role
+	}
+	if ov.Pin != nil {
+		f.Pin = *ov.Pin
+	}
+
+	if ov.Bundled != nil {
+		f.Bundled = *ov.Bundled
+	} else if v, src, err := o.Bundled(ctx); err != nil {
+		note("bundled version unknown: " + err.Error())
+	} else {
+		f.Bundled = v
+		note("bundled version from " + src)
+	}
+
+	member, cp := false, false
+	if ov.Member == nil || (ov.Role == nil) {
+		m, c, err := o.Membership()
+		if err != nil {
+			note("membership: " + err.Error())
+		}
+		member, cp = m, c
+	}
+	if ov.Member != nil {
+		member = *ov.Member
+	}
+	f.Member = member
+	switch {
+	case ov.Role != nil:
+		f.Role = *ov.Role
+		cp = f.Role.ControlPlane()
+	case member && cp && !f.Role.ControlPlane():
+		note("this node runs a control plane whatever the cluster file's role says")
+		f.Role = plan.RoleControlPlane
+	case member && !cp && f.Role.ControlPlane():
+		note("the cluster file says " + string(f.Role) + " but this member has no kube-apiserver manifest: treated as a worker")
+		f.Role = plan.RoleWorker
+	}
+	obs.ControlPlane = member && cp
+	if !member {
+		return obs
+	}
+
+	needClient := ov.Cluster == nil || (ov.Node == nil && !cp)
+	if needClient {
+		c, err := o.Client()
+		if err != nil {
+			note("api client: " + err.Error())
+		}
+		obs.Client = c
+	}
+
+	if ov.Node != nil {
+		f.Node = *ov.Node
+	} else if cp {
+		v, err := o.ControlPlaneVersion()
+		if err != nil {
+			note("control plane version: " + err.Error())
+		}
+		f.Node = v
+	} else {
+		v, src, err := o.WorkerVersion(ctx, obs.Client)
+		if err != nil {
+			note(err.Error())
+		} else {
+			note("node version from " + src)
+		}
+		f.Node = v
+	}
+
+	if ov.Cluster != nil {
+		f.Cluster = *ov.Cluster
+		return obs
+	}
+	b := clusterBudget
+	if pin, err := version.Parse(f.Pin); err == nil && pin == f.Node {
+		// Converged: the cluster version only feeds a warning. One short try.
+		b = wait.Budget{Total: o.APITimeout, PerAttempt: o.APITimeout, Interval: o.APITimeout}
+		if b.Total <= 0 {
+			b = wait.Budget{Total: 5e9, PerAttempt: 5e9, Interval: 5e9}
+		}
+	}
+	v, err := o.ClusterVersion(ctx, obs.Client, b)
+	if err != nil {
+		note("cluster version unknown: " + err.Error())
+	}
+	f.Cluster = v
+	return obs
+}

@@ -1,0 +1,467 @@
+// Package reconcile is the boot-time pass: observe, decide, act, report.
+// The decision is pkg/plan's; this package only carries it out within bounds
+// and reports one log line per event and a status document.
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/observe"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/wait"
+	"github.com/kairos-io/provider-kubernetes/pkg/plan"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// Exit codes of the reconcile and plan commands.
+const (
+	ExitOK      = 0
+	ExitFailed  = 1
+	ExitUsage   = 2
+	ExitRefused = 3
+)
+
+// Events: the constant message of each log line.
+const (
+	EventStart          = "reconcile-start"
+	EventPlan           = "plan"
+	EventWarning        = "plan-warning"
+	EventRefuseUpgrade  = "refuse-upgrade"
+	EventRefuseBoot     = "refuse-bootstrap"
+	EventDone           = "reconcile-done"
+	EventStatusFailed   = "status-write-failed"
+	EventStepUnavailble = "step-unavailable"
+	EventObserve        = "observe"
+)
+
+// Failure reasons in the status document.
+const (
+	ReasonKubeadmFailed           = "KubeadmFailed"
+	ReasonKubeletRestartFailed    = "KubeletRestartFailed"
+	ReasonHealthGateTimeout       = "HealthGateTimeout"
+	ReasonControlPlaneNotUpgraded = "ControlPlaneNotUpgraded"
+	ReasonClusterVersionUnknown   = "ClusterVersionUnknown"
+	ReasonRepairFailed            = "KubeletRepairFailed"
+	ReasonBootstrapUnavailable    = "BootstrapUnavailable"
+	ReasonBootstrapFailed         = "BootstrapFailed"
+	ReasonConfigFailed            = "ConfigInvalid"
+)
+
+// ErrLocked is returned when another pass holds the lock.
+var ErrLocked = errors.New("another reconcile pass is running on this node (reconcile.lock is held)")
+
+// Steps are the seams for the steps other packages own. A nil step is
+// reported as unavailable; the pass goes on where the contract allows it.
+type Steps struct {
+	// EtcdSnapshot runs before upgrade apply. It never fails the pass: it
+	// returns the outcome for the status document.
+	EtcdSnapshot func(ctx context.Context, target version.Version) string
+	// RepairKubelet runs kubeadm init phase kubelet-start when the kubelet
+	// or local API is down after the A/B swap.
+	RepairKubelet func(ctx context.Context, obs Observation) error
+	// Bootstrap runs kubeadm init or join for a non-member.
+	Bootstrap func(ctx context.Context, action plan.Action, obs Observation) error
+}
+
+// Options configure a pass. Everything the pass touches comes from here.
+type Options struct {
+	Root        paths.Root
+	ClusterFile string
+	Runner      runner.Runner
+	Clock       wait.Clock
+	Log         *slog.Logger
+	Budgets     Budgets
+	Steps       Steps
+	Now         func() time.Time
+}
+
+// Result is the outcome of a pass.
+type Result struct {
+	Plan     plan.Plan
+	Status   status.Document
+	ExitCode int
+	Err      error
+}
+
+type pass struct {
+	Options
+	obs *observe.Observer
+	doc status.Document
+}
+
+// Run runs one pass.
+func Run(ctx context.Context, opts Options) Result {
+	if opts.Clock == nil {
+		opts.Clock = wait.RealClock{}
+	}
+	if opts.Now == nil {
+		opts.Now = opts.Clock.Now
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Budgets == (Budgets{}) {
+		opts.Budgets = DefaultBudgets()
+	}
+	unlock, err := Lock(opts.Root)
+	if err != nil {
+		opts.Log.Error(EventDone, "outcome", "locked", "error", err.Error())
+		return Result{ExitCode: ExitFailed, Err: err}
+	}
+	defer unlock()
+
+	p := &pass{Options: opts}
+	p.obs = &observe.Observer{Root: opts.Root, ClusterFile: opts.ClusterFile, Runner: opts.Runner, Clock: opts.Clock,
+		APITimeout: opts.Budgets.APIRequest, Log: opts.Log}
+	p.doc.BootID = p.obs.BootID()
+	p.Log.Info(EventStart, "boot_id", p.doc.BootID, "window", images.Window().String())
+	return p.run(ctx)
+}
+
+// Lock takes the per-node pass lock (flock on /run/provider-kubernetes/reconcile.lock).
+func Lock(root paths.Root) (func(), error) {
+	lp := root.Path(paths.LockFile)
+	if err := fsutil.MkdirAllMode(filepath.Dir(lp), 0o755); err != nil {
+		return nil, fmt.Errorf("lock dir: %w", err)
+	}
+	fd, err := unix.Open(lp, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", paths.LockFile, err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, ErrLocked
+		}
+		return nil, fmt.Errorf("flock %s: %w", paths.LockFile, err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
+func (p *pass) clusterBudget() wait.Budget {
+	return wait.Budget{Total: p.Budgets.ClusterVersion, Interval: 2 * time.Second, PerAttempt: p.Budgets.APIRequest}
+}
+
+func (p *pass) run(ctx context.Context) Result {
+	obs := Gather(ctx, p.obs, Overrides{}, p.clusterBudget())
+	if obs.Config.Cluster != nil {
+		b, err := p.Budgets.WithOverrides(obs.Config.Cluster.ProviderConfig)
+		if err != nil {
+			return p.fail(obs, plan.Plan{}, "", ReasonConfigFailed, err)
+		}
+		p.Budgets = b
+	}
+	pl := plan.Decide(images.Window(), obs.Facts)
+	p.logPlan(obs, pl)
+
+	if pl.Redecide {
+		if err := p.act(ctx, obs, pl); err != nil {
+			return p.fail(obs, pl, string(plan.ActionRepairKubelet), ReasonRepairFailed, err)
+		}
+		obs = Gather(ctx, p.obs, Overrides{}, p.clusterBudget())
+		pl = plan.Decide(images.Window(), obs.Facts)
+		p.logPlan(obs, pl)
+		if pl.Redecide {
+			return p.fail(obs, pl, string(plan.ActionRepairKubelet), ReasonClusterVersionUnknown,
+				fmt.Errorf("the cluster version is still unknown after the kubelet repair: %s", strings.Join(obs.Notes, "; ")))
+		}
+	}
+
+	switch pl.Verdict {
+	case plan.VerdictRefuse:
+		ev := EventRefuseUpgrade
+		if !obs.Facts.Member {
+			ev = EventRefuseBoot
+		}
+		p.Log.Error(ev, "code", string(pl.Refusal), "pin", obs.Facts.Pin, "node", vs(obs.Facts.Node), "bundled", vs(obs.Facts.Bundled),
+			"cluster", vs(obs.Facts.Cluster), "message", pl.Message)
+		p.setDoc(obs, pl, status.PhaseRefused)
+		p.doc.Reason, p.doc.Refusal, p.doc.Message = pl.Reason, string(pl.Refusal), pl.Message
+		p.writeStatus()
+		p.Log.Info(EventDone, "outcome", "refused", "code", string(pl.Refusal))
+		return Result{Plan: pl, Status: p.doc, ExitCode: ExitRefused}
+	case plan.VerdictNone:
+		p.setDoc(obs, pl, status.PhaseConverged)
+		p.doc.Message = pl.Message
+		p.writeStatus()
+		p.Log.Info(EventDone, "outcome", "converged", "node", vs(obs.Facts.Node))
+		return Result{Plan: pl, Status: p.doc, ExitCode: ExitOK}
+	}
+
+	phase := status.PhaseUpgrading
+	if !obs.Facts.Member {
+		phase = status.PhaseBootstrapping
+	}
+	p.setDoc(obs, pl, phase)
+	p.doc.Message = pl.Message
+	p.writeStatus()
+	if err := p.act(ctx, obs, pl); err != nil {
+		var se *stepError
+		if errors.As(err, &se) {
+			return p.fail(obs, pl, string(se.action), se.reason, se.err)
+		}
+		return p.fail(obs, pl, "", ReasonKubeadmFailed, err)
+	}
+	p.setDoc(obs, pl, status.PhaseConverged)
+	p.doc.NodeVersion = pl.Pin.String()
+	p.doc.Message = "converged at " + pl.Pin.String()
+	p.writeStatus()
+	p.Log.Info(EventDone, "outcome", "converged", "node", pl.Pin.String(), "actions", actionList(pl.Actions))
+	return Result{Plan: pl, Status: p.doc, ExitCode: ExitOK}
+}
+
+type stepError struct {
+	action plan.Action
+	reason string
+	err    error
+}
+
+func (e *stepError) Error() string { return fmt.Sprintf("%s: %v", e.action, e.err) }
+func (e *stepError) Unwrap() error { return e.err }
+
+func (p *pass) act(ctx context.Context, obs Observation, pl plan.Plan) error {
+	for _, a := range pl.Actions {
+		p.doc.LastAction = string(a)
+		p.writeStatus()
+		start := p.Clock.Now()
+		reason, err := p.step(ctx, a, obs, pl)
+		attrs := []any{"outcome", "ok", "duration", p.Clock.Now().Sub(start).Round(time.Millisecond).String()}
+		if a == plan.ActionUpgradeApply {
+			attrs = append(attrs, "target", pl.Pin.String())
+		}
+		if err != nil {
+			attrs[1] = "failed"
+			attrs = append(attrs, "reason", reason, "error", runner.Sanitize(err.Error(), 400))
+			p.Log.Error(string(a), attrs...)
+			return &stepError{action: a, reason: reason, err: err}
+		}
+		p.Log.Info(string(a), attrs...)
+	}
+	return nil
+}
+
+func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan.Plan) (reason string, err error) {
+	switch a {
+	case plan.ActionInit, plan.ActionJoin:
+		if p.Steps.Bootstrap == nil {
+			return ReasonBootstrapUnavailable, errors.New("this build has no bootstrap step: init and join are not available")
+		}
+		return ReasonBootstrapFailed, p.Steps.Bootstrap(ctx, a, obs)
+	case plan.ActionRepairKubelet:
+		if p.Steps.RepairKubelet == nil {
+			p.Log.Warn(EventStepUnavailble, "action", string(a))
+			return "", nil
+		}
+		return ReasonRepairFailed, p.Steps.RepairKubelet(ctx, obs)
+	case plan.ActionEtcdSnapshot:
+		if p.Steps.EtcdSnapshot == nil {
+			p.Log.Warn(EventStepUnavailble, "action", string(a))
+			return "", nil
+		}
+		// Never blocks the upgrade: the outcome is reported, the pass goes on.
+		p.doc.EtcdSnapshot = p.Steps.EtcdSnapshot(ctx, pl.Pin)
+		return "", nil
+	case plan.ActionWaitForClusterUpgrade:
+		return ReasonControlPlaneNotUpgraded, p.waitForCluster(ctx, obs, pl.Pin)
+	case plan.ActionUpgradeApply:
+		return ReasonKubeadmFailed, p.kubeadmUpgrade(ctx, obs, []string{"upgrade", "apply", pl.Pin.String(), "--yes"})
+	case plan.ActionUpgradeNode:
+		return ReasonKubeadmFailed, p.kubeadmUpgrade(ctx, obs, []string{"upgrade", "node"})
+	case plan.ActionRestartKubelet:
+		return ReasonKubeletRestartFailed, p.restartKubelet(ctx)
+	case plan.ActionVerify:
+		return ReasonHealthGateTimeout, p.verify(ctx, obs, pl)
+	}
+	return "", fmt.Errorf("unknown action %q", a)
+}
+
+// UpgradeConfigPath is where the operator's UpgradeConfiguration is handed to
+// kubeadm (tmpfs, 0600, removed after the command).
+const UpgradeConfigPath = paths.TmpDir + "/upgrade-config.yaml"
+
+// kubeadmUpgrade runs kubeadm upgrade apply|node, passing the operator's
+// upgradeConfiguration (preflight choices and the like) as a config file.
+func (p *pass) kubeadmUpgrade(ctx context.Context, obs Observation, args []string) error {
+	if obs.Config.Kubeadm != nil && obs.Config.Kubeadm.UpgradeConfiguration != nil {
+		doc := map[string]any{}
+		for k, v := range obs.Config.Kubeadm.UpgradeConfiguration {
+			doc[k] = v
+		}
+		if _, ok := doc["apiVersion"]; !ok {
+			doc["apiVersion"] = "kubeadm.k8s.io/v1beta4"
+		}
+		if _, ok := doc["kind"]; !ok {
+			doc["kind"] = "UpgradeConfiguration"
+		}
+		b, err := yaml.Marshal(doc)
+		if err != nil {
+			return fmt.Errorf("render upgradeConfiguration: %w", err)
+		}
+		full := p.Root.Path(UpgradeConfigPath)
+		if err := fsutil.MkdirAllMode(filepath.Dir(full), 0o700); err != nil {
+			return fmt.Errorf("tmp dir: %w", err)
+		}
+		if err := fsutil.WriteFileAtomic(full, b, 0o600); err != nil {
+			return err
+		}
+		defer os.Remove(full)
+		args = append(args, "--config", UpgradeConfigPath)
+	}
+	_, err := p.Runner.Run(ctx, runner.Cmd{Path: paths.Kubeadm, Args: args, Timeout: p.Budgets.KubeadmUpgrade})
+	return err
+}
+
+func (p *pass) restartKubelet(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, p.Budgets.KubeletRestart)
+	defer cancel()
+	for _, args := range [][]string{{"daemon-reload"}, {"restart", "kubelet"}} {
+		if _, err := p.Runner.Run(ctx, runner.Cmd{Path: paths.Systemctl, Args: args}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *pass) waitForCluster(ctx context.Context, obs Observation, target version.Version) error {
+	if obs.Client == nil {
+		return errors.New("no API client to watch the cluster version")
+	}
+	b := wait.Budget{Total: p.Budgets.WaitForCluster, Interval: 2 * time.Second, PerAttempt: p.Budgets.APIRequest}
+	err := wait.Poll(ctx, p.Clock, b, "wait for the control planes to reach "+target.String(), func(ctx context.Context) (bool, error) {
+		c, err := obs.Client.ClusterVersion(ctx)
+		if err != nil {
+			return false, err
+		}
+		if c.Less(target) {
+			return false, fmt.Errorf("cluster at %s, waiting for %s", c, target)
+		}
+		if target.Less(c) {
+			return false, fmt.Errorf("cluster moved past the pin to %s", c)
+		}
+		return true, nil
+	})
+	return err
+}
+
+// verify waits, bounded, until this node reports the target: its
+// kube-apiserver manifest (control plane), its Node's kubelet version, and
+// after an apply the cluster version.
+func (p *pass) verify(ctx context.Context, obs Observation, pl plan.Plan) error {
+	client := obs.Client
+	if client == nil {
+		c, err := p.obs.Client()
+		if err != nil {
+			return fmt.Errorf("verify: %w", err)
+		}
+		client = c
+	}
+	name := client.NodeName
+	if name == "" {
+		name = p.obs.Hostname()
+	}
+	target := pl.Pin
+	b := wait.Budget{Total: p.Budgets.Verify, Interval: 2 * time.Second, PerAttempt: p.Budgets.APIRequest}
+	return wait.Poll(ctx, p.Clock, b, "verify "+target.String(), func(ctx context.Context) (bool, error) {
+		if obs.ControlPlane {
+			v, err := p.obs.ControlPlaneVersion()
+			if err != nil {
+				return false, err
+			}
+			if v != target {
+				return false, fmt.Errorf("kube-apiserver manifest at %s", v)
+			}
+		}
+		if pl.Has(plan.ActionUpgradeApply) {
+			c, err := client.ClusterVersion(ctx)
+			if err != nil {
+				return false, err
+			}
+			if c != target {
+				return false, fmt.Errorf("cluster version %s", c)
+			}
+		}
+		ni, err := client.Node(ctx, name)
+		if err != nil {
+			return false, err
+		}
+		if ni.KubeletVersion != target {
+			return false, fmt.Errorf("node %s kubelet at %s", name, ni.KubeletVersion)
+		}
+		return true, nil
+	})
+}
+
+func (p *pass) fail(obs Observation, pl plan.Plan, action, reason string, err error) Result {
+	p.setDoc(obs, pl, status.PhaseFailed)
+	p.doc.Reason = reason
+	p.doc.Message = runner.Sanitize(err.Error(), 1000)
+	if action != "" {
+		p.doc.LastAction = action
+	}
+	p.writeStatus()
+	p.Log.Error(EventDone, "outcome", "failed", "reason", reason, "action", action, "error", runner.Sanitize(err.Error(), 400))
+	return Result{Plan: pl, Status: p.doc, ExitCode: ExitFailed, Err: err}
+}
+
+func (p *pass) setDoc(obs Observation, pl plan.Plan, phase string) {
+	f := obs.Facts
+	d := &p.doc
+	d.Phase, d.Reason, d.Refusal, d.Message = phase, "", "", ""
+	d.Role, d.Member, d.Pin = string(f.Role), f.Member, f.Pin
+	d.Bundled, d.NodeVersion, d.ClusterVersion = vs(f.Bundled), vs(f.Node), vs(f.Cluster)
+	d.Warnings = pl.Warnings
+	d.Actions = nil
+	for _, a := range pl.Actions {
+		d.Actions = append(d.Actions, string(a))
+	}
+	d.Time = p.Now().UTC().Format(time.RFC3339)
+}
+
+func (p *pass) writeStatus() {
+	p.doc.Time = p.Now().UTC().Format(time.RFC3339)
+	if err := status.Write(p.Root, p.doc); err != nil {
+		p.Log.Error(EventStatusFailed, "error", err.Error())
+	}
+}
+
+func (p *pass) logPlan(obs Observation, pl plan.Plan) {
+	f := obs.Facts
+	p.Log.Info(EventPlan, "verdict", string(pl.Verdict), "actions", actionList(pl.Actions), "refusal", string(pl.Refusal),
+		"member", f.Member, "role", string(f.Role), "pin", f.Pin, "bundled", vs(f.Bundled), "node", vs(f.Node),
+		"cluster", vs(f.Cluster), "message", pl.Message)
+	for _, n := range obs.Notes {
+		p.Log.Info(EventObserve, "note", runner.Sanitize(n, 400))
+	}
+	for _, w := range pl.Warnings {
+		p.Log.Warn(EventWarning, "warning", w)
+	}
+}
+
+func actionList(as []plan.Action) string {
+	s := make([]string, len(as))
+	for i, a := range as {
+		s[i] = string(a)
+	}
+	return strings.Join(s, ",")
+}
+
+func vs(v version.Version) string {
+	if v.IsZero() {
+		return "unknown"
+	}
+	return v.String()
+}

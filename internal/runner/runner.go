@@ -1,0 +1,164 @@
+// Package runner is the one seam through which the provider runs external
+// binaries (kubeadm, systemctl, etcdctl, kubelet): absolute paths, a closed
+// environment, a deadline from the caller plus the command's own budget,
+// output captured and bounded. Tests swap in a Recorder and assert the exact
+// command lines.
+package runner
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// BaseEnv is the whole environment a command starts with: nothing is inherited.
+var BaseEnv = []string{
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"LANG=C.UTF-8",
+	"HOME=/root",
+}
+
+// Cmd is one command line.
+type Cmd struct {
+	Path    string        // absolute host path of the binary
+	Args    []string      // arguments, never a secret
+	Env     []string      // extra KEY=VALUE on top of BaseEnv
+	Timeout time.Duration // the command's own budget; 0 means only the caller's deadline
+}
+
+// String is the command line as logged and as tests assert it.
+func (c Cmd) String() string {
+	return strings.TrimSpace(c.Path + " " + strings.Join(c.Args, " "))
+}
+
+// Result is what a command left behind.
+type Result struct {
+	Stdout, Stderr []byte
+	ExitCode       int
+	Duration       time.Duration
+}
+
+// Runner runs commands.
+type Runner interface {
+	Run(ctx context.Context, c Cmd) (Result, error)
+}
+
+// ErrNotAbsolute is returned for a relative binary path.
+var ErrNotAbsolute = errors.New("binary path is not absolute")
+
+// ExitError is a command that ran and failed.
+type ExitError struct {
+	Cmd      string
+	Code     int
+	TimedOut bool
+	Tail     string // last line of stderr (or stdout), bounded
+}
+
+func (e *ExitError) Error() string {
+	what := fmt.Sprintf("exit status %d", e.Code)
+	if e.TimedOut {
+		what = "killed at its time budget"
+	}
+	if e.Tail != "" {
+		return fmt.Sprintf("%s: %s: %s", e.Cmd, what, e.Tail)
+	}
+	return fmt.Sprintf("%s: %s", e.Cmd, what)
+}
+
+// MaxOutput bounds what is kept of each stream (the tail).
+const MaxOutput = 256 << 10
+
+// Exec runs commands for real. Root re-bases the binary path (tests run a
+// real kubeadm from a sandbox root); on a node it is "/".
+type Exec struct {
+	Root string
+}
+
+// Run implements Runner.
+func (e Exec) Run(ctx context.Context, c Cmd) (Result, error) {
+	if !filepath.IsAbs(c.Path) {
+		return Result{}, fmt.Errorf("%s: %w", c.Path, ErrNotAbsolute)
+	}
+	if c.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.Timeout)
+		defer cancel()
+	}
+	bin := c.Path
+	if e.Root != "" && e.Root != "/" {
+		bin = filepath.Join(e.Root, c.Path)
+	}
+	cmd := exec.CommandContext(ctx, bin, c.Args...)
+	cmd.Env = append(append([]string{}, BaseEnv...), c.Env...)
+	cmd.Dir = "/"
+	var stdout, stderr tailBuffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	// Own process group, so a hung command and whatever it spawned die together.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	start := time.Now()
+	err := cmd.Run()
+	res := Result{Stdout: stdout.Bytes(), Stderr: stderr.Bytes(), Duration: time.Since(start)}
+	if cmd.ProcessState != nil {
+		res.ExitCode = cmd.ProcessState.ExitCode()
+	}
+	if err == nil {
+		return res, nil
+	}
+	ee := &ExitError{Cmd: c.String(), Code: res.ExitCode, TimedOut: ctx.Err() != nil, Tail: LastLine(res)}
+	var execErr *exec.Error
+	if errors.As(err, &execErr) || res.ExitCode == -1 && cmd.ProcessState == nil {
+		return res, fmt.Errorf("run %s: %w", c.String(), err)
+	}
+	return res, ee
+}
+
+// LastLine is the last non-empty line of stderr, else of stdout, redacted and bounded.
+func LastLine(r Result) string {
+	for _, b := range [][]byte{r.Stderr, r.Stdout} {
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		for i := len(lines) - 1; i >= 0; i-- {
+			if l := strings.TrimSpace(lines[i]); l != "" {
+				return Sanitize(l, 300)
+			}
+		}
+	}
+	return ""
+}
+
+// tailBuffer keeps the last MaxOutput bytes written.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := len(p)
+	if len(p) >= MaxOutput {
+		t.buf.Reset()
+		p = p[len(p)-MaxOutput:]
+	} else if t.buf.Len()+len(p) > MaxOutput {
+		keep := t.buf.Bytes()[t.buf.Len()+len(p)-MaxOutput:]
+		rest := append([]byte(nil), keep...)
+		t.buf.Reset()
+		t.buf.Write(rest)
+	}
+	t.buf.Write(p)
+	return n, nil
+}
+
+func (t *tailBuffer) Bytes() []byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]byte(nil), t.buf.Bytes()...)
+}

@@ -1,0 +1,146 @@
+// Package status is the status document operators and tools read: written
+// atomically to /run/provider-kubernetes/status.yaml and mirrored to
+// /usr/local/provider-kubernetes/status.yaml on the persistent partition.
+package status
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+)
+
+// Phases.
+const (
+	PhaseConverged     = "Converged"
+	PhaseUpgrading     = "Upgrading"
+	PhaseBootstrapping = "Bootstrapping"
+	PhaseRefused       = "Refused"
+	PhaseFailed        = "Failed"
+)
+
+// Document is the status document. Nothing secret belongs here.
+type Document struct {
+	Phase          string   `json:"phase"`
+	Reason         string   `json:"reason,omitempty"`
+	Refusal        string   `json:"refusal,omitempty"`
+	Message        string   `json:"message,omitempty"`
+	Warnings       []string `json:"warnings,omitempty"`
+	Role           string   `json:"role,omitempty"`
+	Member         bool     `json:"member"`
+	Pin            string   `json:"pin,omitempty"`
+	Bundled        string   `json:"bundled,omitempty"`
+	NodeVersion    string   `json:"nodeVersion,omitempty"`
+	ClusterVersion string   `json:"clusterVersion,omitempty"`
+	Actions        []string `json:"actions,omitempty"`
+	LastAction     string   `json:"lastAction,omitempty"`
+	EtcdSnapshot   string   `json:"etcdSnapshot,omitempty"`
+	Time           string   `json:"time"`
+	BootID         string   `json:"bootID,omitempty"`
+}
+
+// Write writes doc to the run file and the persistent mirror, both
+// atomically and 0644 (the document carries no secret). The first error is
+// returned after both were attempted.
+func Write(root paths.Root, doc Document) error {
+	b, err := yaml.Marshal(doc)
+	if err != nil {
+		return fmt.Errorf("marshal status: %w", err)
+	}
+	var errs []error
+	for _, p := range []string{paths.StatusFile, paths.StatusMirror} {
+		full := root.Path(p)
+		if err := fsutil.MkdirAllMode(filepath.Dir(full), 0o755); err != nil {
+			errs = append(errs, fmt.Errorf("status dir for %s: %w", p, err))
+			continue
+		}
+		if err := fsutil.WriteFileAtomic(full, b, 0o644); err != nil {
+			errs = append(errs, fmt.Errorf("write status %s: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Read reads a status document from a host path under root.
+func Read(root paths.Root, p string) (Document, error) {
+	b, err := fsutil.ReadFileNoFollow(root.Path(p), 1<<20)
+	if err != nil {
+		return Document{}, err
+	}
+	var d Document
+	if err := yaml.Unmarshal(b, &d); err != nil {
+		return Document{}, fmt.Errorf("parse %s: %w", p, err)
+	}
+	return d, nil
+}
+
+// Print renders doc for a person ("text"), or as yaml or json for tools.
+func Print(w io.Writer, doc Document, format string) error {
+	switch format {
+	case "yaml":
+		b, err := yaml.Marshal(doc)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(b)
+		return err
+	case "json":
+		e := json.NewEncoder(w)
+		e.SetIndent("", "  ")
+		return e.Encode(doc)
+	case "", "text":
+	default:
+		return fmt.Errorf("unknown output format %q: want text, yaml or json", format)
+	}
+	var sb strings.Builder
+	line := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(&sb, "%-16s %s\n", k+":", v)
+		}
+	}
+	line("Phase", doc.Phase)
+	line("Reason", doc.Reason)
+	line("Refusal", doc.Refusal)
+	line("Message", doc.Message)
+	line("Role", doc.Role)
+	line("Member", fmt.Sprint(doc.Member))
+	line("Pin", doc.Pin)
+	line("Bundled kubeadm", doc.Bundled)
+	line("Node version", doc.NodeVersion)
+	line("Cluster version", doc.ClusterVersion)
+	line("Planned actions", strings.Join(doc.Actions, ", "))
+	line("Last action", doc.LastAction)
+	line("etcd snapshot", doc.EtcdSnapshot)
+	for _, w := range doc.Warnings {
+		line("Warning", w)
+	}
+	line("Time", doc.Time)
+	line("Boot ID", doc.BootID)
+	_, err := io.WriteString(w, sb.String())
+	return err
+}
+
+// ErrNoStatus is returned when no status document exists yet.
+var ErrNoStatus = errors.New("no status document yet: the reconcile pass has not run on this boot")
+
+// ReadCurrent reads the run file, falling back to the persistent mirror.
+func ReadCurrent(root paths.Root) (Document, string, error) {
+	for _, p := range []string{paths.StatusFile, paths.StatusMirror} {
+		d, err := Read(root, p)
+		if err == nil {
+			return d, p, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return Document{}, p, err
+		}
+	}
+	return Document{}, "", ErrNoStatus
+}
