@@ -65,7 +65,9 @@ func load(root paths.Root, kc string, timeout time.Duration) (*Client, error) {
 	}
 	rc.Timeout = timeout
 	rc.UserAgent = "provider-kubernetes"
-	rc.QPS, rc.Burst = 20, 40
+	// Every call is already paced by a bounded poll (at most one per 2 s);
+	// no client-side rate limiter on top.
+	rc.QPS = -1
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("clientset %s: %w", kc, err)

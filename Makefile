@@ -1,0 +1,34 @@
+# provider-kubernetes: the two commands a newcomer needs are `make demo` and `make test`.
+GO ?= go
+BIN := bin/provider-kubernetes
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+
+.PHONY: build demo test test-short vet fmt-check bench fuzz
+
+build:
+	$(GO) build -trimpath -ldflags "-s -w -X github.com/kairos-io/provider-kubernetes/internal/cli.Version=$(VERSION)" -o $(BIN) ./cmd/provider-kubernetes
+
+# The main job on an embedded default: the plan preview over sample nodes.
+demo: build
+	./examples/demo.sh
+
+# Every test, including the ones that build and run a real kubeadm (cached
+# by version in $${PROVIDER_KUBERNETES_CACHE:-~/.cache/provider-kubernetes}).
+test: fmt-check vet
+	$(GO) test -count=1 -timeout 45m ./...
+
+test-short:
+	$(GO) test -short ./...
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); if [ -n "$$out" ]; then echo "not gofmt'd: $$out"; exit 1; fi
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./pkg/version/
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./pkg/clusterconfig/

@@ -1,0 +1,225 @@
+// Package testbin builds real Kubernetes (and etcd) binaries from the Go
+// module proxy for tests, and caches them by version outside the repository:
+// $PROVIDER_KUBERNETES_CACHE, default ~/.cache/provider-kubernetes. A cold
+// kubeadm build takes a few minutes on two cores; a cached one costs nothing.
+package testbin
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// CacheDir is where built artifacts live.
+func CacheDir() string {
+	if d := os.Getenv("PROVIDER_KUBERNETES_CACHE"); d != "" {
+		return d
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "provider-kubernetes")
+	}
+	return filepath.Join(os.TempDir(), "provider-kubernetes-cache")
+}
+
+// Kubeadm returns the path of kubeadm at kver ("v1.37.2"), building it if needed.
+func Kubeadm(t testing.TB, kver string) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds real kubeadm: not in -short mode")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	p, err := Kubernetes(ctx, kver, "kubeadm", testLog{t})
+	if err != nil {
+		t.Fatalf("build kubeadm %s: %v", kver, err)
+	}
+	return p
+}
+
+type testLog struct{ t testing.TB }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Logf("%s", bytes.TrimRight(p, "\n"))
+	return len(p), nil
+}
+
+// Kubernetes returns the path of a binary of k8s.io/kubernetes/cmd/<name> at
+// kver, building it into the cache when missing. Concurrent callers (several
+// test packages at once) serialise on a lock file.
+func Kubernetes(ctx context.Context, kver, name string, log io.Writer) (string, error) {
+	v, err := version.Parse(kver)
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(CacheDir(), "bin", kver, name)
+	if ok(out) {
+		return out, nil
+	}
+	unlock, err := lock(filepath.Join(CacheDir(), "build.lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if ok(out) {
+		return out, nil
+	}
+	fmt.Fprintf(log, "testbin: building %s %s from modules into %s (cold: several minutes on 2 cores)\n", name, kver, out)
+	start := time.Now()
+	wrap := filepath.Join(CacheDir(), "wrap", "kubernetes-"+kver)
+	if err := writeWrapper(ctx, wrap, v); err != nil {
+		return "", err
+	}
+	if err := goBuild(ctx, wrap, out, "k8s.io/kubernetes/cmd/"+name, ldflags(v), log); err != nil {
+		return "", err
+	}
+	fmt.Fprintf(log, "testbin: built %s %s in %s\n", name, kver, time.Since(start).Round(time.Second))
+	return out, nil
+}
+
+func ok(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
+}
+
+func lock(p string) (func(), error) {
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { f.Close() }, nil
+}
+
+func goBin() string {
+	if p := filepath.Join(runtime.GOROOT(), "bin", "go"); ok(p) {
+		return p
+	}
+	return "go"
+}
+
+// ldflags stamps the version: unstamped, kubeadm reports v0.0.0-master and
+// refuses to upgrade to a placeholder.
+func ldflags(v version.Version) string {
+	var b strings.Builder
+	b.WriteString("-s -w")
+	for _, pkg := range []string{"k8s.io/component-base/version", "k8s.io/client-go/pkg/version"} {
+		fmt.Fprintf(&b, " -X %s.gitVersion=%s -X %s.gitMajor=%d -X %s.gitMinor=%d -X %s.gitTreeState=clean -X %s.buildDate=1970-01-01T00:00:00Z",
+			pkg, v, pkg, v.Major, pkg, v.Minor, pkg, pkg)
+	}
+	return b.String()
+}
+
+// writeWrapper writes a module that requires k8s.io/kubernetes at v and
+// replaces every staging module kubernetes requires at v0.0.0 with the
+// matching v0.MINOR.PATCH release.
+func writeWrapper(ctx context.Context, dir string, v version.Version) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, goBin(), "mod", "download", "-json", "k8s.io/kubernetes@"+v.String())
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
+	outb, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("go mod download k8s.io/kubernetes@%s: %w", v, exitDetail(err))
+	}
+	var info struct{ GoMod, Error string }
+	if err := json.Unmarshal(outb, &info); err != nil || info.GoMod == "" {
+		return fmt.Errorf("go mod download k8s.io/kubernetes@%s: no go.mod (%s)", v, info.Error)
+	}
+	staging, err := stagingModules(info.GoMod)
+	if err != nil {
+		return err
+	}
+	var gm strings.Builder
+	fmt.Fprintf(&gm, "module example.com/kwrap\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n", v)
+	for _, m := range staging {
+		fmt.Fprintf(&gm, "\t%s => %s v0.%d.%d\n", m, m, v.Minor, v.Patch)
+	}
+	gm.WriteString(")\n")
+	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gm.String()), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "tools.go"), []byte("//go:build tools\n\npackage tools\n\nimport _ \"k8s.io/kubernetes/cmd/kubeadm\"\n"), 0o644)
+}
+
+func stagingModules(gomod string) ([]string, error) {
+	f, err := os.Open(gomod)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var mods []string
+	seen := map[string]bool{}
+	in := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		switch {
+		case len(fields) >= 2 && fields[0] == "require" && fields[1] == "(":
+			in = true
+		case in && len(fields) == 1 && fields[0] == ")":
+			in = false
+		case in && len(fields) >= 2 && strings.HasPrefix(fields[0], "k8s.io/") && fields[1] == "v0.0.0" && !seen[fields[0]]:
+			seen[fields[0]] = true
+			mods = append(mods, fields[0])
+		}
+	}
+	if len(mods) == 0 {
+		return nil, fmt.Errorf("%s: no staging modules found", gomod)
+	}
+	return mods, sc.Err()
+}
+
+func goBuild(ctx context.Context, dir, out, pkg, ldflags string, log io.Writer) error {
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	tmp := out + ".part"
+	cmd := exec.CommandContext(ctx, goBin(), "build", "-mod=mod", "-trimpath", "-ldflags", ldflags, "-o", tmp, pkg)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod")
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = log, io.MultiWriter(&stderr, log)
+	if err := cmd.Run(); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("go build %s: %w: %s", pkg, err, lastLines(stderr.String(), 5))
+	}
+	return os.Rename(tmp, out)
+}
+
+func exitDetail(err error) error {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return fmt.Errorf("%w: %s", err, lastLines(string(ee.Stderr), 5))
+	}
+	return err
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, " | ")
+}

@@ -1,0 +1,174 @@
+// Package testutil holds what the hermetic tests share: a sandbox node root
+// with real files and modes, an HTTPS API endpoint on loopback that answers
+// the few reads the provider makes, and a clock that does not sleep.
+package testutil
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// API is a loopback HTTPS endpoint serving kube-system/kubeadm-config and
+// Nodes the way kube-apiserver does, with state a test can change.
+type API struct {
+	mu             sync.Mutex
+	clusterVersion string
+	nodes          map[string]*corev1.Node
+	down           bool
+	requests       int
+	// OnRequest runs before each request is answered (state changes over time).
+	OnRequest func(n int)
+	srv       *httptest.Server
+}
+
+// NewAPI starts the endpoint; it stops at the end of the test.
+func NewAPI(t testing.TB, clusterVersion string) *API {
+	a := &API{clusterVersion: clusterVersion, nodes: map[string]*corev1.Node{}}
+	a.srv = httptest.NewTLSServer(http.HandlerFunc(a.serve))
+	t.Cleanup(a.srv.Close)
+	return a
+}
+
+// URL is the endpoint.
+func (a *API) URL() string { return a.srv.URL }
+
+// CAPEM is the serving certificate in PEM, to trust as the cluster CA.
+func (a *API) CAPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: a.srv.Certificate().Raw})
+}
+
+// SetClusterVersion changes kubeadm-config's kubernetesVersion.
+func (a *API) SetClusterVersion(v string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.clusterVersion = v
+}
+
+// ClusterVersion returns it.
+func (a *API) ClusterVersion() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.clusterVersion
+}
+
+// SetNode sets a Node's kubelet version and readiness.
+func (a *API) SetNode(name, kubeletVersion string, ready bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := corev1.ConditionFalse
+	if ready {
+		st = corev1.ConditionTrue
+	}
+	a.nodes[name] = &corev1.Node{
+		TypeMeta:   metav1.TypeMeta{Kind: "Node", APIVersion: "v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: corev1.NodeStatus{
+			NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: kubeletVersion},
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: st}},
+		},
+	}
+}
+
+// SetDown makes every request fail with 503, as an apiserver that is not ready.
+func (a *API) SetDown(down bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.down = down
+}
+
+// Requests counts the requests served.
+func (a *API) Requests() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.requests
+}
+
+func (a *API) serve(w http.ResponseWriter, r *http.Request) {
+	a.mu.Lock()
+	a.requests++
+	n, hook := a.requests, a.OnRequest
+	a.mu.Unlock()
+	if hook != nil {
+		hook(n)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	if a.down {
+		status(w, http.StatusServiceUnavailable, "apiserver is shutting down")
+		return
+	}
+	switch {
+	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/namespaces/kube-system/configmaps/kubeadm-config":
+		if a.clusterVersion == "" {
+			status(w, http.StatusNotFound, `configmaps "kubeadm-config" not found`)
+			return
+		}
+		cm := corev1.ConfigMap{
+			TypeMeta:   metav1.TypeMeta{Kind: "ConfigMap", APIVersion: "v1"},
+			ObjectMeta: metav1.ObjectMeta{Name: "kubeadm-config", Namespace: "kube-system"},
+			Data: map[string]string{"ClusterConfiguration": fmt.Sprintf(
+				"apiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\nkubernetesVersion: %s\nclusterName: kubernetes\n", a.clusterVersion)},
+		}
+		_ = json.NewEncoder(w).Encode(cm)
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/api/v1/nodes/"):
+		nd, ok := a.nodes[strings.TrimPrefix(r.URL.Path, "/api/v1/nodes/")]
+		if !ok {
+			status(w, http.StatusNotFound, "node not found")
+			return
+		}
+		_ = json.NewEncoder(w).Encode(nd)
+	default:
+		status(w, http.StatusNotFound, "not served by the test API: "+r.Method+" "+r.URL.Path)
+	}
+}
+
+func status(w http.ResponseWriter, code int, msg string) {
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+		Status: "Failure", Message: msg, Code: int32(code)})
+}
+
+// ClientCert returns a self-signed client certificate and key in PEM with
+// the given common name (kubelet certificates are "system:node:NAME").
+func ClientCert(t testing.TB, cn string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
+}
+

@@ -1,0 +1,133 @@
+package testutil
+
+import (
+	"encoding/base64"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+)
+
+// Node is a sandbox host root laid out like a Kairos node.
+type Node struct {
+	t    testing.TB
+	Root string
+	Name string
+}
+
+// NewNode makes an empty node root with a boot id and a hostname.
+func NewNode(t testing.TB, name string) *Node {
+	n := &Node{t: t, Root: t.TempDir(), Name: name}
+	n.Write(paths.BootID, "3f7e0c4e-0000-4000-8000-00000000b007\n", 0o444)
+	n.Write(paths.Hostname, name+"\n", 0o444)
+	return n
+}
+
+// R is the root as a paths.Root.
+func (n *Node) R() paths.Root { return paths.Root(n.Root) }
+
+// Path re-bases a host path.
+func (n *Node) Path(p string) string { return n.R().Path(p) }
+
+// Write writes a file under the root.
+func (n *Node) Write(p, content string, mode os.FileMode) {
+	n.t.Helper()
+	full := n.Path(p)
+	if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+		n.t.Fatal(err)
+	}
+	if err := os.WriteFile(full, []byte(content), mode); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+// Read reads a file under the root.
+func (n *Node) Read(p string) string {
+	n.t.Helper()
+	b, err := os.ReadFile(n.Path(p))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return string(b)
+}
+
+// Exists reports whether a host path exists under the root.
+func (n *Node) Exists(p string) bool {
+	_, err := os.Lstat(n.Path(p))
+	return err == nil
+}
+
+// Token is the cluster token the sandbox's cluster file carries; tests
+// assert it never reaches a log, a status or a command line.
+const Token = "k8s-token-0123456789abcdefXYZ"
+
+// ClusterFile writes the cluster file with role and pin; extra is appended
+// to the kubeadm config string (indented by the caller's two spaces).
+func (n *Node) ClusterFile(role, pin, extraConfig string) {
+	n.Write(paths.ClusterFile, fmt.Sprintf(`cluster_token: %s
+control_plane_host: 10.0.0.11
+role: %s
+config: |
+  clusterConfiguration:
+    kubernetesVersion: %s
+    controlPlaneEndpoint: 10.0.0.11:6443
+%s`, Token, role, pin, extraConfig), 0o600)
+}
+
+// Bundle writes the image's bundle manifest.
+func (n *Node) Bundle(kubeadm string) {
+	n.Write(paths.BundleManifest, fmt.Sprintf("kubernetes: %s\nkubeadm: %s\nkubelet: %s\netcd: 3.7.0-0\netcdctl: 3.7.0\n", kubeadm, kubeadm, kubeadm), 0o644)
+}
+
+// ControlPlane writes static pod manifests at version v.
+func (n *Node) ControlPlane(v string) {
+	n.Write(paths.APIServerManifest, APIServerManifest(v), 0o600)
+	n.Write(paths.EtcdManifest, "apiVersion: v1\nkind: Pod\nmetadata:\n  name: etcd\nspec:\n  containers:\n  - name: etcd\n    image: registry.k8s.io/etcd:3.6.8-0\n", 0o600)
+}
+
+// APIServerManifest is a kube-apiserver static pod manifest at v.
+func APIServerManifest(v string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: kube-apiserver
+  namespace: kube-system
+spec:
+  containers:
+  - name: kube-apiserver
+    image: registry.k8s.io/kube-apiserver:%s
+    command:
+    - kube-apiserver
+    - --advertise-address=10.0.0.11
+`, v)
+}
+
+// Member writes kubelet.conf pointing at api, with a node client
+// certificate naming this node, as kubeadm leaves it.
+func (n *Node) Member(api *API) {
+	cert, key := ClientCert(n.t, "system:node:"+n.Name)
+	n.Write("/var/lib/kubelet/pki/kubelet-client-current.pem", string(cert)+string(key), 0o600)
+	n.Write(paths.KubeletConf, fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- cluster:
+    certificate-authority-data: %s
+    server: %s
+  name: default-cluster
+contexts:
+- context:
+    cluster: default-cluster
+    namespace: default
+    user: default-auth
+  name: default-context
+current-context: default-context
+preferences: {}
+users:
+- name: default-auth
+  user:
+    client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem
+    client-key: /var/lib/kubelet/pki/kubelet-client-current.pem
+`, base64.StdEncoding.EncodeToString(api.CAPEM()), api.URL()), 0o600)
+}
