@@ -128,4 +128,3 @@ func tail(s string, n int) string {
 	}
 	return strings.Join(l, "\n")
 }
-

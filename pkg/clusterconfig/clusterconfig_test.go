@@ -48,15 +48,15 @@ func TestParseGood(t *testing.T) {
 
 func TestParseBad(t *testing.T) {
 	for name, in := range map[string]string{
-		"not yaml":             "cluster_token: [\n",
-		"config as a map":      "role: init\nconfig:\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n",
-		"role as a list":       "role: [init]\n",
-		"token as a number":    "cluster_token: 12345\n",
-		"empty":                "",
-		"a list":               "- a\n- b\n",
-		"env with a list":      "env: [a]\n",
-		"ca_certs not a list":  "ca_certs: 5\n",
-		"oversize":             "role: init\nconfig: \"" + strings.Repeat("x", MaxSize) + "\"\n",
+		"not yaml":            "cluster_token: [\n",
+		"config as a map":     "role: init\nconfig:\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n",
+		"role as a list":      "role: [init]\n",
+		"token as a number":   "cluster_token: 12345\n",
+		"empty":               "",
+		"a list":              "- a\n- b\n",
+		"env with a list":     "env: [a]\n",
+		"ca_certs not a list": "ca_certs: 5\n",
+		"oversize":            "role: init\nconfig: \"" + strings.Repeat("x", MaxSize) + "\"\n",
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Parse([]byte(in))
@@ -78,10 +78,10 @@ func TestErrorsNeverQuoteTheToken(t *testing.T) {
 func TestPin(t *testing.T) {
 	for cfg, want := range map[string]string{
 		"clusterConfiguration:\n  kubernetesVersion: v1.36.3\n": "v1.36.3",
-		"clusterConfiguration: {}\n":                             "",
-		"initConfiguration: {}\n":                                "",
-		"":                                                       "",
-		"clusterConfiguration:\n  kubernetesVersion: latest\n":   "latest",
+		"clusterConfiguration: {}\n":                            "",
+		"initConfiguration: {}\n":                               "",
+		"":                                                      "",
+		"clusterConfiguration:\n  kubernetesVersion: latest\n": "latest",
 	} {
 		k, err := (&Cluster{Config: cfg}).Kubeadm()
 		if err != nil {

@@ -86,15 +86,15 @@ const (
 
 // Facts are the observed inputs. A zero Version means "unknown".
 type Facts struct {
-	Member  bool
-	Role    Role
-	Pin     string // raw clusterConfiguration.kubernetesVersion, validated here
+	Member bool
+	Role   Role
+	Pin    string // raw clusterConfiguration.kubernetesVersion, validated here
 	// ConfigError is why the pin could not be read at all (no cluster file,
 	// invalid YAML): it is refused as InvalidPin with this message.
 	ConfigError string
-	Bundled version.Version
-	Node    version.Version
-	Cluster version.Version
+	Bundled     version.Version
+	Node        version.Version
+	Cluster     version.Version
 }
 
 // Plan is the decision.
