@@ -38,6 +38,19 @@ func (c Cmd) String() string {
 	return strings.TrimSpace(c.Path + " " + strings.Join(c.Args, " "))
 }
 
+// Short names the command without its arguments beyond the subcommand
+// words ("/usr/bin/kubeadm upgrade apply"): what an error message carries.
+func (c Cmd) Short() string {
+	parts := []string{c.Path}
+	for _, a := range c.Args {
+		if len(parts) == 3 || strings.HasPrefix(a, "-") || strings.ContainsAny(a, "/=.") {
+			break
+		}
+		parts = append(parts, a)
+	}
+	return strings.Join(parts, " ")
+}
+
 // Result is what a command left behind.
 type Result struct {
 	Stdout, Stderr []byte
@@ -55,7 +68,7 @@ var ErrNotAbsolute = errors.New("binary path is not absolute")
 
 // ExitError is a command that ran and failed.
 type ExitError struct {
-	Cmd      string
+	Cmd      string // Cmd.Short(): never the full command line
 	Code     int
 	TimedOut bool
 	Tail     string // last line of stderr (or stdout), bounded
@@ -113,10 +126,10 @@ func (e Exec) Run(ctx context.Context, c Cmd) (Result, error) {
 	if err == nil {
 		return res, nil
 	}
-	ee := &ExitError{Cmd: c.String(), Code: res.ExitCode, TimedOut: ctx.Err() != nil, Tail: LastLine(res)}
+	ee := &ExitError{Cmd: c.Short(), Code: res.ExitCode, TimedOut: ctx.Err() != nil, Tail: LastLine(res)}
 	var execErr *exec.Error
 	if errors.As(err, &execErr) || res.ExitCode == -1 && cmd.ProcessState == nil {
-		return res, fmt.Errorf("run %s: %w", c.String(), err)
+		return res, fmt.Errorf("run %s: %w", c.Short(), err)
 	}
 	return res, ee
 }
