@@ -20,6 +20,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
+	"github.com/kairos-io/provider-kubernetes/internal/repair"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/wait"
@@ -124,13 +125,30 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(logFile, stderr), nil))
 	ctx, cancel := context.WithTimeout(ctx, reconcile.PassBound)
 	defer cancel()
+	run := runner.Exec{Root: *root}
 	res := reconcile.Run(ctx, reconcile.Options{
-		Root: r, ClusterFile: *clusterFile, Runner: runner.Exec{Root: *root}, Log: log,
+		Root: r, ClusterFile: *clusterFile, Runner: run, Log: log,
+		Steps: reconcile.Steps{RepairKubelet: repairStep(r, run, log)},
 	})
 	if res.Err != nil {
 		fmt.Fprintf(stderr, "reconcile: %v\n", res.Err)
 	}
 	return res.ExitCode
+}
+
+// repairStep wires the kubelet repair into the pass with the pass's budgets.
+func repairStep(root paths.Root, run runner.Runner, log *slog.Logger) func(context.Context, reconcile.Observation) ([]string, error) {
+	return func(ctx context.Context, obs reconcile.Observation) ([]string, error) {
+		b := obs.Budgets
+		rp := &repair.Repairer{Root: root, Runner: run, Log: log,
+			Budgets: repair.Budgets{KubeletStart: b.KubeletStart, KubeletHealthy: b.KubeletHealthy, LocalAPI: b.LocalAPI, Attempt: b.APIRequest}}
+		pin, _ := version.Parse(obs.Facts.Pin)
+		name := ""
+		if obs.Client != nil {
+			name = obs.Client.NodeName
+		}
+		return rp.Repair(ctx, repair.Input{Target: pin, ControlPlane: obs.ControlPlane, Role: obs.Facts.Role, NodeName: name, Kubeadm: obs.Config.Kubeadm})
+	}
 }
 
 // OpenLog opens the reconcile log for appending, 0640, never through a symlink.

@@ -151,6 +151,49 @@ type NodeInfo struct {
 	KubeletVersion version.Version
 	Ready          bool
 	ReadyReason    string
+	ReadyMessage   string
+}
+
+// NoCNI reports whether a NotReady node is waiting only for a network
+// plugin: a known state on a cluster without a CNI yet, not a hang.
+func (n NodeInfo) NoCNI() bool {
+	m := strings.ToLower(n.ReadyMessage)
+	return !n.Ready && (strings.Contains(m, "cni") || strings.Contains(m, "network plugin"))
+}
+
+// Readyz asks the apiserver this client talks to for /readyz.
+func (c *Client) Readyz(ctx context.Context) error {
+	body, err := c.Clientset.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	if err != nil {
+		return fmt.Errorf("/readyz via %s: %w (%s)", c.Kubeconfig, err, strings.TrimSpace(string(body)))
+	}
+	return nil
+}
+
+// PodInfo is what the provider reads of a static (mirror) pod.
+type PodInfo struct {
+	Image   string
+	Running bool
+	Ready   bool
+}
+
+// Pod reads the first container of a pod.
+func (c *Client) Pod(ctx context.Context, namespace, name string) (PodInfo, error) {
+	p, err := c.Clientset.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return PodInfo{}, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+	}
+	if len(p.Spec.Containers) == 0 {
+		return PodInfo{}, fmt.Errorf("pod %s/%s has no container", namespace, name)
+	}
+	pi := PodInfo{Image: p.Spec.Containers[0].Image}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == p.Spec.Containers[0].Name {
+			pi.Running = cs.State.Running != nil
+			pi.Ready = cs.Ready
+		}
+	}
+	return pi, nil
 }
 
 // Node reads a Node's kubelet version and readiness.
@@ -171,6 +214,7 @@ func (c *Client) Node(ctx context.Context, name string) (NodeInfo, error) {
 		if cond.Type == "Ready" {
 			ni.Ready = cond.Status == "True"
 			ni.ReadyReason = cond.Reason
+			ni.ReadyMessage = cond.Message
 		}
 	}
 	return ni, nil

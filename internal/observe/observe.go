@@ -130,9 +130,28 @@ func exists(p string) (bool, error) {
 	return false, err
 }
 
-// ControlPlaneVersion is the image tag of this node's kube-apiserver static pod.
+// ControlPlaneVersion is this control plane's version: the lowest image tag
+// among its kube-apiserver, kube-controller-manager and kube-scheduler static
+// pods (the apiserver's is required). kubeadm rewrites them one after the
+// other, so after an interrupted upgrade the lowest is the truth.
 func (o *Observer) ControlPlaneVersion() (version.Version, error) {
-	return ManifestImageVersion(o.Root.Path(paths.APIServerManifest), "kube-apiserver")
+	v, err := ManifestImageVersion(o.Root.Path(paths.APIServerManifest), "kube-apiserver")
+	if err != nil {
+		return version.Version{}, err
+	}
+	for _, c := range []string{"kube-controller-manager", "kube-scheduler"} {
+		cv, err := ManifestImageVersion(o.Root.Path(paths.ManifestsDir+"/"+c+".yaml"), c)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return version.Version{}, err
+		}
+		if cv.Less(v) {
+			v = cv
+		}
+	}
+	return v, nil
 }
 
 // ManifestImageVersion reads the version tag of a static pod manifest's container image.
@@ -266,4 +285,35 @@ func (o *Observer) ClusterVersion(ctx context.Context, client *kube.Client, b wa
 		return true, nil
 	})
 	return v, err
+}
+
+// ReadManifest reads a static pod manifest, refusing symlinks.
+func ReadManifest(path string) ([]byte, error) { return fsutil.ReadFileNoFollow(path, 1<<20) }
+
+// ManifestFlag returns the value of --flag in the named container's command
+// of a static pod manifest, or "".
+func ManifestFlag(b []byte, container, flag string) string {
+	var pod struct {
+		Spec struct {
+			Containers []struct {
+				Name    string   `json:"name"`
+				Command []string `json:"command"`
+				Args    []string `json:"args"`
+			} `json:"containers"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(b, &pod); err != nil {
+		return ""
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name != container {
+			continue
+		}
+		for _, a := range append(c.Command, c.Args...) {
+			if v, ok := strings.CutPrefix(a, "--"+flag+"="); ok {
+				return v
+			}
+		}
+	}
+	return ""
 }

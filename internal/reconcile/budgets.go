@@ -16,6 +16,17 @@ type Budgets struct {
 	WaitForCluster time.Duration `json:"waitForCluster"`
 	// KubeadmUpgrade: one kubeadm upgrade apply or upgrade node.
 	KubeadmUpgrade time.Duration `json:"kubeadmUpgrade"`
+	// KubeletStart: kubeadm init phase kubelet-start during the repair.
+	KubeletStart time.Duration `json:"kubeletStart"`
+	// KubeletHealthy: the kubelet answering /healthz after the repair.
+	KubeletHealthy time.Duration `json:"kubeletHealthy"`
+	// LocalAPI: this control plane's apiserver answering /readyz after the repair.
+	LocalAPI time.Duration `json:"localAPI"`
+	// ControlPlaneHealth: a follower's gate before upgrade node (the cluster
+	// endpoint's /readyz and every etcd member healthy).
+	ControlPlaneHealth time.Duration `json:"controlPlaneHealth"`
+	// EtcdSnapshot: the pre-upgrade snapshot step, all of it.
+	EtcdSnapshot time.Duration `json:"etcdSnapshot"`
 	// KubeletRestart: systemctl daemon-reload plus restart of the kubelet.
 	KubeletRestart time.Duration `json:"kubeletRestart"`
 	// Verify: the node and cluster reporting the target after an upgrade.
@@ -27,12 +38,17 @@ type Budgets struct {
 // DefaultBudgets are the defaults.
 func DefaultBudgets() Budgets {
 	return Budgets{
-		ClusterVersion: 60 * time.Second,
-		WaitForCluster: 10 * time.Minute,
-		KubeadmUpgrade: 25 * time.Minute,
-		KubeletRestart: 2 * time.Minute,
-		Verify:         5 * time.Minute,
-		APIRequest:     5 * time.Second,
+		ClusterVersion:     60 * time.Second,
+		WaitForCluster:     10 * time.Minute,
+		KubeadmUpgrade:     20 * time.Minute,
+		KubeletStart:       2 * time.Minute,
+		KubeletHealthy:     2 * time.Minute,
+		LocalAPI:           5 * time.Minute,
+		ControlPlaneHealth: 5 * time.Minute,
+		EtcdSnapshot:       2 * time.Minute,
+		KubeletRestart:     2 * time.Minute,
+		Verify:             5 * time.Minute,
+		APIRequest:         5 * time.Second,
 	}
 }
 
@@ -41,11 +57,16 @@ func DefaultBudgets() Budgets {
 // TimeoutStartSec uses it.
 const PassBound = 50 * time.Minute
 
-// Total is the most a pass can spend with these budgets.
+// Total is the most a pass can spend with these budgets: the longer of the
+// control-plane path (two cluster-version reads around a repair, the repair
+// with its waits, the snapshot, the follower gate, one kubeadm upgrade, a
+// restart and a verification) and the worker path (the same without the
+// local API, snapshot and gate, with the wait for the control planes).
 func (b Budgets) Total() time.Duration {
-	// Two cluster-version reads (before and after a repair), one wait, one
-	// kubeadm upgrade, one restart, one verification.
-	return 2*b.ClusterVersion + b.WaitForCluster + b.KubeadmUpgrade + b.KubeletRestart + b.Verify
+	common := 2*b.ClusterVersion + b.KubeletStart + b.KubeletHealthy + b.KubeadmUpgrade + b.KubeletRestart + b.Verify
+	cp := common + b.LocalAPI + b.EtcdSnapshot + b.ControlPlaneHealth
+	worker := common + b.WaitForCluster
+	return max(cp, worker)
 }
 
 // WithOverrides applies providerConfig's "budgets" map.
@@ -60,12 +81,17 @@ func (b Budgets) WithOverrides(providerConfig json.RawMessage) (Budgets, error) 
 		return b, fmt.Errorf("providerConfig.budgets: %w", err)
 	}
 	fields := map[string]*time.Duration{
-		"clusterVersion": &b.ClusterVersion,
-		"waitForCluster": &b.WaitForCluster,
-		"kubeadmUpgrade": &b.KubeadmUpgrade,
-		"kubeletRestart": &b.KubeletRestart,
-		"verify":         &b.Verify,
-		"apiRequest":     &b.APIRequest,
+		"clusterVersion":     &b.ClusterVersion,
+		"waitForCluster":     &b.WaitForCluster,
+		"kubeadmUpgrade":     &b.KubeadmUpgrade,
+		"kubeletStart":       &b.KubeletStart,
+		"kubeletHealthy":     &b.KubeletHealthy,
+		"localAPI":           &b.LocalAPI,
+		"controlPlaneHealth": &b.ControlPlaneHealth,
+		"etcdSnapshot":       &b.EtcdSnapshot,
+		"kubeletRestart":     &b.KubeletRestart,
+		"verify":             &b.Verify,
+		"apiRequest":         &b.APIRequest,
 	}
 	for k, v := range pc.Budgets {
 		f, ok := fields[k]

@@ -36,6 +36,8 @@ type Observation struct {
 	ControlPlane bool
 	Client       *kube.Client
 	Notes        []string // why a fact is unknown, where it came from
+	// Budgets are the pass's budgets (defaults with providerConfig overrides).
+	Budgets Budgets
 }
 
 // Gather observes the facts not given in ov. clusterBudget bounds the

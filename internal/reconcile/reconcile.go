@@ -71,8 +71,9 @@ type Steps struct {
 	// returns the outcome for the status document.
 	EtcdSnapshot func(ctx context.Context, target version.Version) string
 	// RepairKubelet runs kubeadm init phase kubelet-start when the kubelet
-	// or local API is down after the A/B swap.
-	RepairKubelet func(ctx context.Context, obs Observation) error
+	// or local API is down after the A/B swap. It returns warnings for the
+	// status document (removed kubelet flags it cannot fix).
+	RepairKubelet func(ctx context.Context, obs Observation) ([]string, error)
 	// Bootstrap runs kubeadm init or join for a non-member.
 	Bootstrap func(ctx context.Context, action plan.Action, obs Observation) error
 }
@@ -87,6 +88,9 @@ type Options struct {
 	Budgets     Budgets
 	Steps       Steps
 	Now         func() time.Time
+	// EtcdHealthy is one attempt at "every etcd member is healthy"; nil
+	// uses the real check through the node's etcd client certificate.
+	EtcdHealthy func(ctx context.Context) error
 }
 
 // Result is the outcome of a pass.
@@ -101,6 +105,9 @@ type pass struct {
 	Options
 	obs *observe.Observer
 	doc status.Document
+	// notes are warnings learned while acting (no CNI yet, removed kubelet
+	// flags), kept in the status next to the plan's.
+	notes []string
 }
 
 // Run runs one pass.
@@ -165,6 +172,7 @@ func (p *pass) run(ctx context.Context) Result {
 		}
 		p.Budgets = b
 	}
+	obs.Budgets = p.Budgets
 	pl := plan.Decide(images.Window(), obs.Facts)
 	p.logPlan(obs, pl)
 
@@ -173,6 +181,7 @@ func (p *pass) run(ctx context.Context) Result {
 			return p.fail(obs, pl, string(plan.ActionRepairKubelet), ReasonRepairFailed, err)
 		}
 		obs = Gather(ctx, p.obs, Overrides{}, p.clusterBudget())
+		obs.Budgets = p.Budgets
 		pl = plan.Decide(images.Window(), obs.Facts)
 		p.logPlan(obs, pl)
 		if pl.Redecide {
@@ -266,7 +275,9 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 			p.Log.Warn(EventStepUnavailble, "action", string(a))
 			return "", nil
 		}
-		return ReasonRepairFailed, p.Steps.RepairKubelet(ctx, obs)
+		warnings, err := p.Steps.RepairKubelet(ctx, obs)
+		p.notes = append(p.notes, warnings...)
+		return ReasonRepairFailed, err
 	case plan.ActionEtcdSnapshot:
 		if p.Steps.EtcdSnapshot == nil {
 			p.Log.Warn(EventStepUnavailble, "action", string(a))
@@ -280,6 +291,11 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 	case plan.ActionUpgradeApply:
 		return ReasonKubeadmFailed, p.kubeadmUpgrade(ctx, obs, []string{"upgrade", "apply", pl.Pin.String(), "--yes"})
 	case plan.ActionUpgradeNode:
+		if obs.ControlPlane {
+			if err := p.controlPlaneGate(ctx); err != nil {
+				return ReasonHealthGateTimeout, err
+			}
+		}
 		return ReasonKubeadmFailed, p.kubeadmUpgrade(ctx, obs, []string{"upgrade", "node"})
 	case plan.ActionRestartKubelet:
 		return ReasonKubeletRestartFailed, p.restartKubelet(ctx)
@@ -357,54 +373,6 @@ func (p *pass) waitForCluster(ctx context.Context, obs Observation, target versi
 	return err
 }
 
-// verify waits, bounded, until this node reports the target: its
-// kube-apiserver manifest (control plane), its Node's kubelet version, and
-// after an apply the cluster version.
-func (p *pass) verify(ctx context.Context, obs Observation, pl plan.Plan) error {
-	client := obs.Client
-	if client == nil {
-		c, err := p.obs.Client()
-		if err != nil {
-			return fmt.Errorf("verify: %w", err)
-		}
-		client = c
-	}
-	name := client.NodeName
-	if name == "" {
-		name = p.obs.Hostname()
-	}
-	target := pl.Pin
-	b := wait.Budget{Total: p.Budgets.Verify, Interval: 2 * time.Second, PerAttempt: p.Budgets.APIRequest}
-	return wait.Poll(ctx, p.Clock, b, "verify "+target.String(), func(ctx context.Context) (bool, error) {
-		if obs.ControlPlane {
-			v, err := p.obs.ControlPlaneVersion()
-			if err != nil {
-				return false, err
-			}
-			if v != target {
-				return false, fmt.Errorf("kube-apiserver manifest at %s", v)
-			}
-		}
-		if pl.Has(plan.ActionUpgradeApply) {
-			c, err := client.ClusterVersion(ctx)
-			if err != nil {
-				return false, err
-			}
-			if c != target {
-				return false, fmt.Errorf("cluster version %s", c)
-			}
-		}
-		ni, err := client.Node(ctx, name)
-		if err != nil {
-			return false, err
-		}
-		if ni.KubeletVersion != target {
-			return false, fmt.Errorf("node %s kubelet at %s", name, ni.KubeletVersion)
-		}
-		return true, nil
-	})
-}
-
 func (p *pass) fail(obs Observation, pl plan.Plan, action, reason string, err error) Result {
 	p.setDoc(obs, pl, status.PhaseFailed)
 	p.doc.Reason = reason
@@ -423,7 +391,7 @@ func (p *pass) setDoc(obs Observation, pl plan.Plan, phase string) {
 	d.Phase, d.Reason, d.Refusal, d.Message = phase, "", "", ""
 	d.Role, d.Member, d.Pin = string(f.Role), f.Member, f.Pin
 	d.Bundled, d.NodeVersion, d.ClusterVersion = vs(f.Bundled), vs(f.Node), vs(f.Cluster)
-	d.Warnings = pl.Warnings
+	d.Warnings = append(append([]string(nil), pl.Warnings...), p.notes...)
 	d.Actions = nil
 	for _, a := range pl.Actions {
 		d.Actions = append(d.Actions, string(a))

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
@@ -34,6 +36,8 @@ type env struct {
 	bundled string
 	// fail makes the command line with this prefix fail.
 	fail string
+	// etcd is one attempt of the etcd health check (nil: healthy).
+	etcd func(ctx context.Context) error
 }
 
 type syncBuffer struct {
@@ -68,6 +72,24 @@ func newEnv(t *testing.T, role, pin, bundled, nodeV, clusterV string, extraConfi
 		if role != "worker" {
 			e.cp = true
 			e.node.ControlPlane(nodeV)
+			e.node.Admin(e.api)
+			// Mirror pods show what the manifests on disk say, running and ready.
+			e.api.Pod = func(name string) (*corev1.Pod, bool) {
+				for _, c := range testutil.ControlPlaneComponents {
+					if name == c+"-n1" {
+						b, err := os.ReadFile(e.node.Path(paths.ManifestsDir + "/" + c + ".yaml"))
+						if err != nil {
+							return nil, false
+						}
+						img, err := observe.ManifestImage(b, c)
+						if err != nil {
+							return nil, false
+						}
+						return testutil.StaticPod(name, c, img), true
+					}
+				}
+				return nil, false
+			}
 		} else {
 			// The provider's own record of this worker's version.
 			if err := status.Write(e.node.R(), status.Document{Phase: status.PhaseConverged, Member: true, NodeVersion: nodeV}); err != nil {
@@ -91,11 +113,11 @@ func (e *env) reply(ctx context.Context, c runner.Cmd) (runner.Result, error) {
 	switch {
 	case strings.HasPrefix(line, "/usr/bin/kubeadm upgrade apply "):
 		v := c.Args[2]
-		e.node.Write(paths.APIServerManifest, testutil.APIServerManifest(v), 0o600)
+		e.node.ControlPlane(v)
 		e.api.SetClusterVersion(v)
 	case line == "/usr/bin/kubeadm upgrade node" || strings.HasPrefix(line, "/usr/bin/kubeadm upgrade node "):
 		if e.cp {
-			e.node.Write(paths.APIServerManifest, testutil.APIServerManifest(e.api.ClusterVersion()), 0o600)
+			e.node.ControlPlane(e.api.ClusterVersion())
 		}
 	case line == "/usr/bin/systemctl restart kubelet":
 		e.api.SetNode("n1", e.bundled, true)
@@ -108,7 +130,11 @@ func (e *env) reply(ctx context.Context, c runner.Cmd) (runner.Result, error) {
 func (e *env) run(steps Steps) Result {
 	e.t.Helper()
 	log := slog.New(slog.NewTextHandler(e.logBuf, nil))
-	return Run(context.Background(), Options{Root: e.node.R(), Runner: e.rec, Clock: e.clock, Log: log, Steps: steps})
+	etcd := e.etcd
+	if etcd == nil {
+		etcd = func(context.Context) error { return nil }
+	}
+	return Run(context.Background(), Options{Root: e.node.R(), Runner: e.rec, Clock: e.clock, Log: log, Steps: steps, EtcdHealthy: etcd})
 }
 
 func (e *env) lines() []string { return e.rec.Lines() }
@@ -354,7 +380,7 @@ func TestRefusalsRunNothingAndTouchNothing(t *testing.T) {
 			}
 			res := e.run(Steps{
 				EtcdSnapshot:  func(context.Context, version.Version) string { t.Error("snapshot on a refusal"); return "" },
-				RepairKubelet: func(context.Context, Observation) error { t.Error("repair on a refusal"); return nil },
+				RepairKubelet: func(context.Context, Observation) ([]string, error) { t.Error("repair on a refusal"); return nil, nil },
 			})
 			if res.ExitCode != ExitRefused || res.Plan.Refusal != c.code {
 				t.Fatalf("exit %d refusal %q: %s", res.ExitCode, res.Plan.Refusal, res.Plan.Message)
@@ -429,13 +455,13 @@ func TestUnknownClusterRepairsThenDecidesAgain(t *testing.T) {
 	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
 	e.api.SetDown(true)
 	repaired := 0
-	res := e.run(Steps{RepairKubelet: func(ctx context.Context, obs Observation) error {
+	res := e.run(Steps{RepairKubelet: func(ctx context.Context, obs Observation) ([]string, error) {
 		repaired++
 		if !obs.Facts.Cluster.IsZero() {
 			t.Errorf("repair with a known cluster version %v", obs.Facts.Cluster)
 		}
 		e.api.SetDown(false) // the kubelet is back, so is the local apiserver
-		return nil
+		return nil, nil
 	}})
 	if res.ExitCode != ExitOK || repaired != 1 || !reflect.DeepEqual(e.lines(), applyLines) {
 		t.Fatalf("exit %d repaired %d lines %q: %v\n%s", res.ExitCode, repaired, e.lines(), res.Err, e.logBuf.String())
@@ -447,7 +473,7 @@ func TestClusterStillUnknownAfterRepairFails(t *testing.T) {
 	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
 	e.api.SetDown(true)
 	start := e.clock.Now()
-	res := e.run(Steps{RepairKubelet: func(context.Context, Observation) error { return nil }})
+	res := e.run(Steps{RepairKubelet: func(context.Context, Observation) ([]string, error) { return nil, nil }})
 	if res.ExitCode != ExitFailed || len(e.lines()) != 0 {
 		t.Fatalf("exit %d lines %q", res.ExitCode, e.lines())
 	}

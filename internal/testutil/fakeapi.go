@@ -32,8 +32,11 @@ type API struct {
 	nodes          map[string]*corev1.Node
 	down           bool
 	requests       int
+	paths          []string
 	// OnRequest runs before each request is answered (state changes over time).
 	OnRequest func(n int)
+	// Pod answers GET of a kube-system pod (static pods mirror what is on disk).
+	Pod func(name string) (*corev1.Pod, bool)
 	srv       *httptest.Server
 }
 
@@ -69,6 +72,16 @@ func (a *API) ClusterVersion() string {
 
 // SetNode sets a Node's kubelet version and readiness.
 func (a *API) SetNode(name, kubeletVersion string, ready bool) {
+	msg := "kubelet is posting ready status"
+	if !ready {
+		msg = "container runtime status check may not have completed yet"
+	}
+	a.SetNodeCondition(name, kubeletVersion, ready, msg)
+}
+
+// SetNodeCondition sets a Node with the Ready condition's message, e.g.
+// "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized".
+func (a *API) SetNodeCondition(name, kubeletVersion string, ready bool, message string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := corev1.ConditionFalse
@@ -80,7 +93,7 @@ func (a *API) SetNode(name, kubeletVersion string, ready bool) {
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Status: corev1.NodeStatus{
 			NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: kubeletVersion},
-			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: st}},
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: st, Message: message}},
 		},
 	}
 }
@@ -99,9 +112,17 @@ func (a *API) Requests() int {
 	return a.requests
 }
 
+// Paths returns the request paths served so far, in order.
+func (a *API) Paths() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.paths...)
+}
+
 func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	a.requests++
+	a.paths = append(a.paths, r.URL.Path)
 	n, hook := a.requests, a.OnRequest
 	a.mu.Unlock()
 	if hook != nil {
@@ -115,6 +136,20 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
+	case r.Method == http.MethodGet && r.URL.Path == "/readyz":
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok"))
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/api/v1/namespaces/kube-system/pods/"):
+		var p *corev1.Pod
+		ok := false
+		if a.Pod != nil {
+			p, ok = a.Pod(strings.TrimPrefix(r.URL.Path, "/api/v1/namespaces/kube-system/pods/"))
+		}
+		if !ok {
+			status(w, http.StatusNotFound, "pod not found")
+			return
+		}
+		_ = json.NewEncoder(w).Encode(p)
 	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/namespaces/kube-system/configmaps/kubeadm-config":
 		if a.clusterVersion == "" {
 			status(w, http.StatusNotFound, `configmaps "kubeadm-config" not found`)
@@ -143,6 +178,19 @@ func status(w http.ResponseWriter, code int, msg string) {
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
 		Status: "Failure", Message: msg, Code: int32(code)})
+}
+
+// StaticPod is a running, ready mirror pod with one container and image.
+func StaticPod(name, container, image string) *corev1.Pod {
+	return &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{Kind: "Pod", APIVersion: "v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system"},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: container, Image: image}}},
+		Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{
+			Name: container, Image: image, Ready: true,
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
+		}}},
+	}
 }
 
 // ClientCert returns a self-signed client certificate and key in PEM with

@@ -81,35 +81,56 @@ func (n *Node) Bundle(kubeadm string) {
 	n.Write(paths.BundleManifest, fmt.Sprintf("kubernetes: %s\nkubeadm: %s\nkubelet: %s\netcd: 3.7.0-0\netcdctl: 3.7.0\n", kubeadm, kubeadm, kubeadm), 0o644)
 }
 
-// ControlPlane writes static pod manifests at version v.
+// ControlPlaneComponents are the static pods kubeadm upgrades, in its order.
+var ControlPlaneComponents = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
+// ControlPlane writes the static pod manifests of a control plane at v.
 func (n *Node) ControlPlane(v string) {
-	n.Write(paths.APIServerManifest, APIServerManifest(v), 0o600)
-	n.Write(paths.EtcdManifest, "apiVersion: v1\nkind: Pod\nmetadata:\n  name: etcd\nspec:\n  containers:\n  - name: etcd\n    image: registry.k8s.io/etcd:3.6.8-0\n", 0o600)
+	for _, c := range ControlPlaneComponents {
+		n.Write(paths.ManifestsDir+"/"+c+".yaml", StaticPodManifest(c, v), 0o600)
+	}
+	n.Write(paths.EtcdManifest, "apiVersion: v1\nkind: Pod\nmetadata:\n  name: etcd\nspec:\n  containers:\n  - name: etcd\n    image: registry.k8s.io/etcd:3.6.8-0\n    command:\n    - etcd\n    - --advertise-client-urls=https://10.0.0.11:2379\n", 0o600)
 }
 
-// APIServerManifest is a kube-apiserver static pod manifest at v.
-func APIServerManifest(v string) string {
+// StaticPodManifest is a static pod manifest of component at v.
+func StaticPodManifest(component, v string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata:
-  name: kube-apiserver
+  name: %s
   namespace: kube-system
 spec:
   containers:
-  - name: kube-apiserver
-    image: registry.k8s.io/kube-apiserver:%s
+  - name: %s
+    image: registry.k8s.io/%s:%s
     command:
-    - kube-apiserver
-    - --advertise-address=10.0.0.11
-`, v)
+    - %s
+    - --secure-port=6443
+`, component, component, component, v, component)
 }
+
+// APIServerManifest is a kube-apiserver static pod manifest at v.
+func APIServerManifest(v string) string { return StaticPodManifest("kube-apiserver", v) }
 
 // Member writes kubelet.conf pointing at api, with a node client
 // certificate naming this node, as kubeadm leaves it.
 func (n *Node) Member(api *API) {
 	cert, key := ClientCert(n.t, "system:node:"+n.Name)
 	n.Write("/var/lib/kubelet/pki/kubelet-client-current.pem", string(cert)+string(key), 0o600)
-	n.Write(paths.KubeletConf, fmt.Sprintf(`apiVersion: v1
+	n.Write(paths.KubeletConf, Kubeconfig(api, "/var/lib/kubelet/pki/kubelet-client-current.pem"), 0o600)
+}
+
+// Admin writes admin.conf (a control plane's) pointing at api.
+func (n *Node) Admin(api *API) {
+	cert, key := ClientCert(n.t, "kubernetes-admin")
+	n.Write("/etc/kubernetes/pki/admin-test.pem", string(cert)+string(key), 0o600)
+	n.Write(paths.AdminConf, Kubeconfig(api, "/etc/kubernetes/pki/admin-test.pem"), 0o600)
+	n.Write("/etc/kubernetes/pki/ca.crt", string(api.CAPEM()), 0o644)
+}
+
+// Kubeconfig is a kubeconfig for api with a client certificate file.
+func Kubeconfig(api *API, certFile string) string {
+	return fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
 - cluster:
@@ -127,7 +148,7 @@ preferences: {}
 users:
 - name: default-auth
   user:
-    client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem
-    client-key: /var/lib/kubelet/pki/kubelet-client-current.pem
-`, base64.StdEncoding.EncodeToString(api.CAPEM()), api.URL()), 0o600)
+    client-certificate: %s
+    client-key: %s
+`, base64.StdEncoding.EncodeToString(api.CAPEM()), api.URL(), certFile, certFile)
 }

@@ -181,6 +181,13 @@ func Decide(w version.Window, f Facts) Plan {
 	cp := f.Role.ControlPlane()
 
 	// 3. Converged: a newer image with the old pin is deliberately a no-op.
+	// One exception: a control plane whose manifests already moved to the pin
+	// while the cluster still reads older is an upgrade apply that was
+	// interrupted (kubeadm records the cluster version last): resume it.
+	if p == n && cp && !c.IsZero() && c.Less(p) && p == b && p.Major == c.Major && p.Minor <= c.Minor+1 {
+		return Plan{Verdict: VerdictAct, Actions: []Action{ActionEtcdSnapshot, ActionUpgradeApply, ActionRestartKubelet, ActionVerify}, Pin: p,
+			Message: fmt.Sprintf("this control plane's manifests are at %s but the cluster still reads %s: resume the interrupted kubeadm upgrade apply", p, c)}
+	}
 	if p == n {
 		pl := Plan{Verdict: VerdictNone, Actions: []Action{}, Pin: p,
 			Message: fmt.Sprintf("converged: node at %s matches pin %s", n, p)}

@@ -81,6 +81,10 @@ func TestDecide(t *testing.T) {
 		{name: "rollback image older than node warns", member: true, role: RoleControlPlane, pin: "v1.37.2", bundled: "v1.36.3", node: "v1.37.2", clustr: "v1.37.2", verdict: VerdictNone, warnings: 1},
 		{name: "converged 1.34 node on a 1.35 image, old pin", member: true, role: RoleControlPlane, pin: "v1.34.5", bundled: "v1.35.4", node: "v1.34.5", clustr: "v1.34.5", verdict: VerdictNone, warnings: 1},
 
+		{name: "interrupted apply resumes", member: true, role: RoleControlPlane, pin: "v1.37.2", bundled: "v1.37.2", node: "v1.37.2", clustr: "v1.36.3", verdict: VerdictAct, actions: apply},
+		{name: "interrupted apply, image rolled back: no resume", member: true, role: RoleControlPlane, pin: "v1.37.2", bundled: "v1.36.3", node: "v1.37.2", clustr: "v1.36.3", verdict: VerdictNone, warnings: 1},
+		{name: "worker at pin, cluster behind: nothing", member: true, role: RoleWorker, pin: "v1.37.2", bundled: "v1.37.2", node: "v1.37.2", clustr: "v1.36.3", verdict: VerdictNone},
+
 		// 4. refusals of a change
 		{name: "member pin newer patch than image", member: true, role: RoleControlPlane, pin: "v1.37.3", bundled: "v1.37.2", node: "v1.36.3", clustr: "v1.36.3", verdict: VerdictRefuse, refusal: PinNewerThanImage, reason: ReasonUpgradeRefused},
 		{name: "member pin newer minor than image", member: true, role: RoleWorker, pin: "v1.37.2", bundled: "v1.36.3", node: "v1.36.3", clustr: "v1.36.3", verdict: VerdictRefuse, refusal: PinNewerThanImage, reason: ReasonUpgradeRefused},

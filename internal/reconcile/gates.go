@@ -1,0 +1,174 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kairos-io/provider-kubernetes/internal/health"
+	"github.com/kairos-io/provider-kubernetes/internal/kube"
+	"github.com/kairos-io/provider-kubernetes/internal/observe"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/wait"
+	"github.com/kairos-io/provider-kubernetes/pkg/plan"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// Gate events.
+const (
+	EventControlPlaneHealth = "control-plane-health"
+)
+
+// etcd client files kubeadm writes on a stacked control plane.
+const (
+	EtcdCA         = paths.KubernetesDir + "/pki/etcd/ca.crt"
+	EtcdClientCert = paths.KubernetesDir + "/pki/etcd/healthcheck-client.crt"
+	EtcdClientKey  = paths.KubernetesDir + "/pki/etcd/healthcheck-client.key"
+)
+
+func (p *pass) budget(total time.Duration) wait.Budget {
+	return wait.Budget{Total: total, Interval: 2 * time.Second, PerAttempt: p.Budgets.APIRequest}
+}
+
+// controlPlaneGate is a follower's wait before kubeadm upgrade node: the
+// cluster endpoint answers /readyz (admin.conf points at it) and every etcd
+// member is healthy. It never looks at another node's scheduler or
+// controller-manager: a new scheduler cannot become Ready until every
+// apiserver is new, so waiting on it would deadlock the rollout.
+func (p *pass) controlPlaneGate(ctx context.Context) error {
+	start := p.Clock.Now()
+	admin, err := kube.Load(p.Root, p.Budgets.APIRequest, paths.AdminConf)
+	if err == nil {
+		err = wait.Poll(ctx, p.Clock, p.budget(p.Budgets.ControlPlaneHealth), "wait for a healthy control plane", func(ctx context.Context) (bool, error) {
+			if err := admin.Readyz(ctx); err != nil {
+				return false, fmt.Errorf("cluster endpoint: %w", err)
+			}
+			if err := p.etcdHealthy(ctx); err != nil {
+				return false, err
+			}
+			return true, nil
+		})
+	}
+	attrs := []any{"outcome", "ok", "checks", "cluster-endpoint-readyz,etcd-members", "duration", p.Clock.Now().Sub(start).String()}
+	if err != nil {
+		attrs[1] = "failed"
+		p.Log.Error(EventControlPlaneHealth, append(attrs, "error", err.Error())...)
+		return err
+	}
+	p.Log.Info(EventControlPlaneHealth, attrs...)
+	return nil
+}
+
+func (p *pass) etcdHealthy(ctx context.Context) error {
+	if p.EtcdHealthy != nil {
+		return p.EtcdHealthy(ctx)
+	}
+	tlsCfg, err := health.EtcdTLS(p.Root.Path(EtcdCA), p.Root.Path(EtcdClientCert), p.Root.Path(EtcdClientKey))
+	if err != nil {
+		return err
+	}
+	seed := "https://127.0.0.1:2379"
+	if b, err := readManifest(p.Root.Path(paths.EtcdManifest)); err == nil {
+		if u := observe.ManifestFlag(b, "etcd", "advertise-client-urls"); u != "" {
+			seed = strings.Split(u, ",")[0]
+		}
+	}
+	return health.EtcdMembers(ctx, seed, tlsCfg)
+}
+
+// verify waits, bounded, until this node runs the target: its control-plane
+// manifests and static pods (images at the target, running; the apiserver
+// Ready), its kubelet reporting the target, the Node Ready (no CNI yet is
+// reported, not waited on), and after an apply the cluster version.
+func (p *pass) verify(ctx context.Context, obs Observation, pl plan.Plan) error {
+	client := obs.Client
+	if client == nil {
+		c, err := p.obs.Client()
+		if err != nil {
+			return fmt.Errorf("verify: %w", err)
+		}
+		client = c
+	}
+	name := client.NodeName
+	if name == "" {
+		name = p.obs.Hostname()
+	}
+	target := pl.Pin
+	noCNI := false
+	err := wait.Poll(ctx, p.Clock, p.budget(p.Budgets.Verify), "verify "+target.String(), func(ctx context.Context) (bool, error) {
+		if obs.ControlPlane {
+			if err := p.staticPodsAt(ctx, client, name, target); err != nil {
+				return false, err
+			}
+		}
+		if pl.Has(plan.ActionUpgradeApply) {
+			c, err := client.ClusterVersion(ctx)
+			if err != nil {
+				return false, err
+			}
+			if c != target {
+				return false, fmt.Errorf("cluster version %s", c)
+			}
+		}
+		ni, err := client.Node(ctx, name)
+		if err != nil {
+			return false, err
+		}
+		if ni.KubeletVersion != target {
+			return false, fmt.Errorf("node %s kubelet at %s", name, ni.KubeletVersion)
+		}
+		if !ni.Ready && !ni.NoCNI() {
+			return false, fmt.Errorf("node %s NotReady: %s %s", name, ni.ReadyReason, ni.ReadyMessage)
+		}
+		noCNI = ni.NoCNI()
+		return true, nil
+	})
+	if err == nil && noCNI {
+		p.notes = append(p.notes, "node "+name+" is NotReady only because no CNI network plugin is installed yet")
+		p.Log.Warn("node-not-ready-no-cni", "node", name)
+	}
+	return err
+}
+
+// staticPodsAt checks this control plane's manifests and mirror pods.
+func (p *pass) staticPodsAt(ctx context.Context, client *kube.Client, node string, target version.Version) error {
+	v, err := p.obs.ControlPlaneVersion()
+	if err != nil {
+		return err
+	}
+	if v != target {
+		return fmt.Errorf("control plane manifests at %s", v)
+	}
+	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+		pod, err := client.Pod(ctx, "kube-system", c+"-"+node)
+		if err != nil {
+			return err
+		}
+		tag, err := version.ParseReported(observe.ImageTag(pod.Image))
+		if err != nil || tag != target {
+			return fmt.Errorf("static pod %s-%s runs %s", c, node, pod.Image)
+		}
+		if !pod.Running {
+			return fmt.Errorf("static pod %s-%s not running yet", c, node)
+		}
+		// Only this node's apiserver must be Ready; its scheduler and
+		// controller-manager must run the target (readiness can lag the
+		// other apiservers during a rolling upgrade).
+		if c == "kube-apiserver" && !pod.Ready {
+			return fmt.Errorf("static pod %s-%s not Ready yet", c, node)
+		}
+	}
+	return nil
+}
+
+var errNoManifest = errors.New("no manifest")
+
+func readManifest(path string) ([]byte, error) {
+	b, err := observe.ReadManifest(path)
+	if err != nil {
+		return nil, errors.Join(errNoManifest, err)
+	}
+	return b, nil
+}

@@ -1,0 +1,10 @@
+package repair
+
+import (
+	"encoding/pem"
+	"net/http/httptest"
+)
+
+func pemOf(s *httptest.Server) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.Certificate().Raw})
+}

@@ -1,0 +1,290 @@
+package repair
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/health"
+	"github.com/kairos-io/provider-kubernetes/internal/observe"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/wait"
+	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
+	"github.com/kairos-io/provider-kubernetes/pkg/plan"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// Events.
+const (
+	EventFlagsRemoved = "kubelet-flags-removed"
+	EventCgroupV1     = "kubelet-cgroup-v1"
+	EventKubeletStart = "kubelet-start"
+	EventNotNeeded    = "kubelet-repair-not-needed"
+)
+
+// ConfigPath is where the kubelet-start config lives while kubeadm reads it
+// (tmpfs, 0600, removed afterwards).
+const ConfigPath = paths.TmpDir + "/kubelet-start.yaml"
+
+// CACert is the cluster CA kubeadm writes on a control plane.
+const CACert = paths.KubernetesDir + "/pki/ca.crt"
+
+// Budgets bound the repair.
+type Budgets struct {
+	KubeletStart   time.Duration // the kubeadm command
+	KubeletHealthy time.Duration // kubelet /healthz after it
+	LocalAPI       time.Duration // local apiserver /readyz after it (control plane)
+	Attempt        time.Duration // one probe
+}
+
+// Input is what the repair needs to know about the node.
+type Input struct {
+	Target       version.Version
+	ControlPlane bool
+	Role         plan.Role
+	NodeName     string
+	Kubeadm      *clusterconfig.Kubeadm
+}
+
+// Repairer runs the repair.
+type Repairer struct {
+	Root    paths.Root
+	Runner  runner.Runner
+	Clock   wait.Clock
+	Log     *slog.Logger
+	Budgets Budgets
+	Prober  health.Prober
+	// KubeletHealthzURL and LocalAPIHost default to the node's loopback.
+	KubeletHealthzURL string
+	LocalAPIHost      string
+}
+
+// Repair checks the kubelet (worker) or the local apiserver (control plane)
+// once; when down, it names the removed kubelet flags kubelet-start cannot
+// fix, runs kubeadm init phase kubelet-start with a config built from the
+// cluster file, restarts the kubelet and waits, bounded, for it and (control
+// plane) the local apiserver. It returns warnings for the status document.
+func (r *Repairer) Repair(ctx context.Context, in Input) ([]string, error) {
+	if in.Kubeadm == nil {
+		return nil, errors.New("no cluster config to build the kubelet-start configuration from")
+	}
+	if r.healthy(ctx, in) == nil {
+		r.Log.Info(EventNotNeeded, "control_plane", in.ControlPlane)
+		return nil, nil
+	}
+	warnings := r.scan(in)
+	cfg, err := KubeletStartConfig(in)
+	if err != nil {
+		return warnings, err
+	}
+	full := r.Root.Path(ConfigPath)
+	if err := fsutil.MkdirAllMode(filepath.Dir(full), 0o700); err != nil {
+		return warnings, fmt.Errorf("tmp dir: %w", err)
+	}
+	if err := fsutil.WriteFileAtomic(full, cfg, 0o600); err != nil {
+		return warnings, err
+	}
+	_, err = r.Runner.Run(ctx, runner.Cmd{Path: paths.Kubeadm, Args: []string{"init", "phase", "kubelet-start", "--config", ConfigPath}, Timeout: r.Budgets.KubeletStart})
+	os.Remove(full)
+	if err != nil {
+		r.Log.Error(EventKubeletStart, "outcome", "failed", "error", runner.Sanitize(err.Error(), 400))
+		return warnings, fmt.Errorf("kubeadm init phase kubelet-start: %w", err)
+	}
+	// kubelet-start restarts the kubelet itself but exits 0 when systemctl
+	// fails: restart it here so a failure is seen.
+	for _, args := range [][]string{{"daemon-reload"}, {"restart", "kubelet"}} {
+		if _, err := r.Runner.Run(ctx, runner.Cmd{Path: paths.Systemctl, Args: args, Timeout: r.Budgets.KubeletStart}); err != nil {
+			return warnings, err
+		}
+	}
+	r.Log.Info(EventKubeletStart, "outcome", "ok", "target", in.Target.String())
+
+	b := wait.Budget{Total: r.Budgets.KubeletHealthy, Interval: 2 * time.Second, PerAttempt: r.attempt()}
+	if err := wait.Poll(ctx, r.Clock, b, "wait for the kubelet", func(ctx context.Context) (bool, error) {
+		return true, r.Prober.Kubelet(ctx, r.kubeletURL())
+	}); err != nil {
+		return warnings, withFindings(err, warnings)
+	}
+	if in.ControlPlane {
+		b.Total = r.Budgets.LocalAPI
+		if err := wait.Poll(ctx, r.Clock, b, "wait for the local apiserver", func(ctx context.Context) (bool, error) {
+			return true, r.localReadyz(ctx, in)
+		}); err != nil {
+			return warnings, err
+		}
+	}
+	return warnings, nil
+}
+
+func withFindings(err error, warnings []string) error {
+	if len(warnings) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w; %s", err, strings.Join(warnings, "; "))
+}
+
+func (r *Repairer) attempt() time.Duration {
+	if r.Budgets.Attempt > 0 {
+		return r.Budgets.Attempt
+	}
+	return health.DefaultAttempt
+}
+
+func (r *Repairer) kubeletURL() string {
+	if r.KubeletHealthzURL != "" {
+		return r.KubeletHealthzURL
+	}
+	return health.KubeletHealthzURL
+}
+
+// healthy is one probe: the local apiserver on a control plane, the kubelet on a worker.
+func (r *Repairer) healthy(ctx context.Context, in Input) error {
+	ctx, cancel := context.WithTimeout(ctx, r.attempt())
+	defer cancel()
+	if in.ControlPlane {
+		return r.localReadyz(ctx, in)
+	}
+	return r.Prober.Kubelet(ctx, r.kubeletURL())
+}
+
+func (r *Repairer) localReadyz(ctx context.Context, in Input) error {
+	ca, err := fsutil.ReadFileNoFollow(r.Root.Path(CACert), 1<<20)
+	if err != nil {
+		return fmt.Errorf("cluster CA: %w", err)
+	}
+	host := r.LocalAPIHost
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return r.Prober.Readyz(ctx, fmt.Sprintf("%s:%d", host, r.bindPort(in)), ca)
+}
+
+// bindPort is the apiserver's --secure-port from its manifest, else the
+// cluster config's localAPIEndpoint.bindPort, else 6443.
+func (r *Repairer) bindPort(in Input) int {
+	if b, err := observe.ReadManifest(r.Root.Path(paths.APIServerManifest)); err == nil {
+		if p, err := strconv.Atoi(observe.ManifestFlag(b, "kube-apiserver", "secure-port")); err == nil && p > 0 {
+			return p
+		}
+	}
+	if ep, ok := localAPIEndpoint(in); ok {
+		if p, ok := ep["bindPort"].(float64); ok && p > 0 {
+			return int(p)
+		}
+	}
+	return 6443
+}
+
+// scan logs and returns the removed flags kubelet-start will not fix, and
+// a cgroup v1 host without failCgroupV1: false.
+func (r *Repairer) scan(in Input) []string {
+	var warnings []string
+	for _, f := range Scan(r.Root, in.Target.MinorOf()) {
+		r.Log.Warn(EventFlagsRemoved, "flag", f.Flag, "file", f.File, "removed_in", f.Minor.String(), "fixed_by_repair", f.FixedByRepair)
+		if !f.FixedByRepair {
+			warnings = append(warnings, fmt.Sprintf("kubelet flag %s (removed in %s) in %s: the kubelet %s will not start until it is removed", f.Flag, f.Minor, f.File, in.Target))
+		}
+	}
+	if in.Target.MinorOf().Minor >= 35 {
+		if mi, err := os.ReadFile(r.Root.Path("/proc/self/mountinfo")); err == nil {
+			if v1, err := CgroupV1(mi); err == nil && v1 && !failCgroupV1False(in.Kubeadm) {
+				r.Log.Warn(EventCgroupV1, "fail_cgroup_v1", "unset")
+				warnings = append(warnings, fmt.Sprintf("this host runs cgroup v1 and kubeletConfiguration does not set failCgroupV1: false: the kubelet %s refuses to start", in.Target))
+			}
+		}
+	}
+	return warnings
+}
+
+func failCgroupV1False(k *clusterconfig.Kubeadm) bool {
+	if k == nil || k.KubeletConfiguration == nil {
+		return false
+	}
+	v, ok := k.KubeletConfiguration["failCgroupV1"].(bool)
+	return ok && !v
+}
+
+func localAPIEndpoint(in Input) (map[string]any, bool) {
+	k := in.Kubeadm
+	if k == nil {
+		return nil, false
+	}
+	if ep, ok := k.InitConfiguration["localAPIEndpoint"].(map[string]any); ok && in.Role == plan.RoleInit {
+		return ep, true
+	}
+	if cp, ok := k.JoinConfiguration["controlPlane"].(map[string]any); ok {
+		if ep, ok := cp["localAPIEndpoint"].(map[string]any); ok {
+			return ep, true
+		}
+	}
+	ep, ok := k.InitConfiguration["localAPIEndpoint"].(map[string]any)
+	return ep, ok
+}
+
+// KubeletStartConfig renders the configuration handed to kubeadm init phase
+// kubelet-start: an InitConfiguration carrying only this node's registration
+// (and, on a control plane, its local API endpoint), the operator's
+// ClusterConfiguration pinned to the target, and the operator's
+// KubeletConfiguration. No bootstrap token, certificate key or discovery
+// material is copied: kubelet-start needs no secret.
+func KubeletStartConfig(in Input) ([]byte, error) {
+	k := in.Kubeadm
+	reg := map[string]any{}
+	src := k.JoinConfiguration
+	if in.Role == plan.RoleInit || src == nil {
+		src = k.InitConfiguration
+	}
+	if nr, ok := src["nodeRegistration"].(map[string]any); ok {
+		for key, v := range nr {
+			reg[key] = v
+		}
+	} else if nr, ok := k.InitConfiguration["nodeRegistration"].(map[string]any); ok {
+		for key, v := range nr {
+			reg[key] = v
+		}
+	}
+	if _, ok := reg["name"]; !ok && in.NodeName != "" {
+		reg["name"] = in.NodeName
+	}
+	initCfg := map[string]any{"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "InitConfiguration", "nodeRegistration": reg}
+	if ep, ok := localAPIEndpoint(in); ok && in.ControlPlane {
+		initCfg["localAPIEndpoint"] = ep
+	}
+	cluster := map[string]any{}
+	for key, v := range k.ClusterConfiguration {
+		cluster[key] = v
+	}
+	cluster["apiVersion"], cluster["kind"] = "kubeadm.k8s.io/v1beta4", "ClusterConfiguration"
+	cluster["kubernetesVersion"] = in.Target.String()
+	docs := []map[string]any{initCfg, cluster}
+	if k.KubeletConfiguration != nil {
+		kc := map[string]any{}
+		for key, v := range k.KubeletConfiguration {
+			kc[key] = v
+		}
+		kc["apiVersion"], kc["kind"] = "kubelet.config.k8s.io/v1beta1", "KubeletConfiguration"
+		docs = append(docs, kc)
+	}
+	var out []byte
+	for i, d := range docs {
+		b, err := yaml.Marshal(d)
+		if err != nil {
+			return nil, fmt.Errorf("render kubelet-start config: %w", err)
+		}
+		if i > 0 {
+			out = append(out, []byte("---\n")...)
+		}
+		out = append(out, b...)
+	}
+	return out, nil
+}

@@ -1,0 +1,362 @@
+package repair
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/testbin"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
+	"github.com/kairos-io/provider-kubernetes/pkg/plan"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+var v137 = version.MustParse("v1.37.2")
+
+func TestScanText(t *testing.T) {
+	m137, m136 := v137.MinorOf(), version.Minor{Major: 1, Minor: 36}
+	cases := []struct {
+		text  string
+		minor version.Minor
+		want  []string
+	}{
+		{`KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///run/containerd/containerd.sock --pod-infra-container-image=registry.k8s.io/pause:3.9"`, m137, []string{"--pod-infra-container-image"}},
+		{`KUBELET_KUBEADM_ARGS="--pod-infra-container-image=x"`, m136, []string{"--pod-infra-container-image"}},
+		{`KUBELET_EXTRA_ARGS=--containerd=/run/containerd/containerd.sock --node-ip=10.0.0.11`, m137, []string{"--containerd"}},
+		{`KUBELET_EXTRA_ARGS=--containerd=/run/containerd/containerd.sock`, m136, nil},
+		{`Environment="KUBELET_EXTRA_ARGS=--storage-driver-db=cadvisor --boot-id-file /proc/sys/kernel/random/boot_id"`, m137, []string{"--storage-driver-db", "--boot-id-file"}},
+		{`KUBELET_EXTRA_ARGS=--container-runtime-endpoint=x --containerd-namespace=k8s.io`, m137, []string{"--containerd-namespace"}},
+		{"# KUBELET_EXTRA_ARGS=--containerd=x\n", m137, nil},
+		{`KUBELET_EXTRA_ARGS=--containerdx=1 --machine-id-file=/etc/machine-id`, m137, []string{"--machine-id-file"}},
+	}
+	for _, c := range cases {
+		if got := ScanText([]byte(c.text), c.minor); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%q at %s: %q, want %q", c.text, c.minor, got, c.want)
+		}
+	}
+}
+
+func TestScanFiles(t *testing.T) {
+	n := testutil.NewNode(t, "n1")
+	n.Write(KubeadmFlagsEnv, `KUBELET_KUBEADM_ARGS="--containerd=/run/containerd/containerd.sock"`+"\n", 0o644)
+	n.Write("/etc/default/kubelet", "KUBELET_EXTRA_ARGS=--containerd-namespace=k8s.io\n", 0o644)
+	n.Write("/etc/systemd/system/kubelet.service.d/20-extra.conf", "[Service]\nEnvironment=\"KUBELET_EXTRA_ARGS=--storage-driver-user=root\"\n", 0o644)
+	n.Write("/etc/systemd/system/kubelet.service.d/README", "--containerd\n", 0o644)
+	// A planted symlink is not followed.
+	secret := filepath.Join(t.TempDir(), "elsewhere")
+	if err := os.WriteFile(secret, []byte("--boot-id-file=x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(n.Path("/etc/sysconfig"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, n.Path("/etc/sysconfig/kubelet")); err != nil {
+		t.Fatal(err)
+	}
+	got := Scan(n.R(), v137.MinorOf())
+	want := []Finding{
+		{File: "/etc/default/kubelet", Flag: "--containerd-namespace", Minor: v137.MinorOf()},
+		{File: "/etc/systemd/system/kubelet.service.d/20-extra.conf", Flag: "--storage-driver-user", Minor: v137.MinorOf()},
+		{File: KubeadmFlagsEnv, Flag: "--containerd", Minor: v137.MinorOf(), FixedByRepair: true},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("%+v\nwant %+v", got, want)
+	}
+}
+
+func TestCgroupV1(t *testing.T) {
+	v2 := "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+	hybrid := "25 23 0:22 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755\n26 25 0:23 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+	if v1, err := CgroupV1([]byte(v2)); err != nil || v1 {
+		t.Fatalf("v2: %v %v", v1, err)
+	}
+	if v1, err := CgroupV1([]byte(hybrid)); err != nil || !v1 {
+		t.Fatalf("hybrid: %v %v", v1, err)
+	}
+	if _, err := CgroupV1([]byte("22 1 0:5 / / rw - ext4 /dev/vda rw\n")); err == nil {
+		t.Fatal("no cgroup mount accepted")
+	}
+}
+
+func config(t *testing.T, role, extra string) *clusterconfig.Kubeadm {
+	t.Helper()
+	c := &clusterconfig.Cluster{Role: role, Config: `clusterConfiguration:
+  kubernetesVersion: v1.36.3
+  controlPlaneEndpoint: 10.0.0.11:6443
+initConfiguration:
+  bootstrapTokens:
+  - token: abcdef.0123456789abcdef
+  certificateKey: 0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9
+  localAPIEndpoint:
+    advertiseAddress: 10.0.0.11
+    bindPort: 6443
+  nodeRegistration:
+    name: cp1
+    criSocket: unix:///run/containerd/containerd.sock
+    imagePullPolicy: Never
+    kubeletExtraArgs:
+    - name: node-ip
+      value: 10.0.0.11
+joinConfiguration:
+  discovery:
+    bootstrapToken:
+      apiServerEndpoint: 10.0.0.11:6443
+      token: abcdef.0123456789abcdef
+      caCertHashes: [sha256:00]
+  nodeRegistration:
+    name: w1
+    criSocket: unix:///run/containerd/containerd.sock
+kubeletConfiguration:
+  cgroupDriver: cgroupfs
+  failCgroupV1: false
+` + extra}
+	k, err := c.Kubeadm()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func TestKubeletStartConfigCarriesNoSecret(t *testing.T) {
+	for _, role := range []plan.Role{plan.RoleInit, plan.RoleWorker} {
+		b, err := KubeletStartConfig(Input{Target: v137, ControlPlane: role == plan.RoleInit, Role: role, Kubeadm: config(t, string(role), "")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := string(b)
+		for _, banned := range []string{"0123456789abcdef", "certificateKey", "bootstrapTokens", "discovery", "0a1b2c3d"} {
+			if strings.Contains(s, banned) {
+				t.Fatalf("%s config carries %q:\n%s", role, banned, s)
+			}
+		}
+		for _, want := range []string{"kind: InitConfiguration", "kind: ClusterConfiguration", "kubernetesVersion: v1.37.2", "kind: KubeletConfiguration", "failCgroupV1: false"} {
+			if !strings.Contains(s, want) {
+				t.Fatalf("%s config lacks %q:\n%s", role, want, s)
+			}
+		}
+		if role == plan.RoleWorker && (!strings.Contains(s, "name: w1") || strings.Contains(s, "localAPIEndpoint")) {
+			t.Fatalf("worker registration:\n%s", s)
+		}
+		if role == plan.RoleInit && (!strings.Contains(s, "name: cp1") || !strings.Contains(s, "advertiseAddress: 10.0.0.11")) {
+			t.Fatalf("control plane registration:\n%s", s)
+		}
+	}
+}
+
+// The config handed to kubelet-start is accepted by the real kubeadm 1.37.2
+// (dry run into KUBEADM_INIT_DRYRUN_DIR), and the flags file it writes
+// carries no flag removed in 1.37.
+func TestRealKubeadmKubeletStartDryRun(t *testing.T) {
+	kubeadm := testbin.Kubeadm(t, "v1.37.2")
+	for _, role := range []plan.Role{plan.RoleInit, plan.RoleWorker} {
+		t.Run(string(role), func(t *testing.T) {
+			// The operator's node registration still carries a flag 1.37 removed.
+			k := config(t, string(role), "")
+			b, err := KubeletStartConfig(Input{Target: v137, ControlPlane: role == plan.RoleInit, Role: role, Kubeadm: k})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			cfg := filepath.Join(dir, "kubelet-start.yaml")
+			if err := os.WriteFile(cfg, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out := filepath.Join(dir, "dryrun")
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, kubeadm, "init", "phase", "kubelet-start", "--config", cfg, "--dry-run")
+			cmd.Env = append(append([]string{}, runner.BaseEnv...), "KUBEADM_INIT_DRYRUN_DIR="+out)
+			res, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("kubeadm refused the kubelet-start config: %v\n%s\n%s", err, res, b)
+			}
+			flags, err := os.ReadFile(filepath.Join(out, "kubeadm-flags.env"))
+			if err != nil {
+				t.Fatalf("no kubeadm-flags.env written: %v\n%s", err, res)
+			}
+			if bad := ScanText(flags, v137.MinorOf()); len(bad) != 0 {
+				t.Fatalf("kubelet-start wrote removed flags %q:\n%s", bad, flags)
+			}
+			if !strings.Contains(string(flags), "KUBELET_KUBEADM_ARGS") {
+				t.Fatalf("flags file:\n%s", flags)
+			}
+			kc, err := os.ReadFile(filepath.Join(out, "config.yaml"))
+			if err != nil || !strings.Contains(string(kc), "failCgroupV1: false") || !strings.Contains(string(kc), "cgroupDriver: cgroupfs") {
+				t.Fatalf("kubelet config.yaml (%v):\n%s", err, kc)
+			}
+		})
+	}
+}
+
+// kubelet is a loopback kubelet healthz endpoint whose health a test steers.
+type kubelet struct {
+	srv     *httptest.Server
+	healthy atomic.Bool
+	flap    atomic.Bool
+	n       atomic.Int64
+}
+
+func newKubelet(t *testing.T) *kubelet {
+	k := &kubelet{}
+	k.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := k.n.Add(1)
+		if k.healthy.Load() && (!k.flap.Load() || n%2 == 0) {
+			_, _ = w.Write([]byte("ok"))
+			return
+		}
+		http.Error(w, "[-]syncloop failed: reason withheld", http.StatusInternalServerError)
+	}))
+	t.Cleanup(k.srv.Close)
+	return k
+}
+
+type rig struct {
+	node  *testutil.Node
+	rec   *runner.Recorder
+	clock *testutil.Clock
+	kl    *kubelet
+	log   strings.Builder
+	r     *Repairer
+	seen  string // the config kubeadm was handed
+	mode  os.FileMode
+}
+
+func newRig(t *testing.T, healthyAfterStart bool) *rig {
+	g := &rig{node: testutil.NewNode(t, "w1"), clock: testutil.NewClock(), kl: newKubelet(t)}
+	g.rec = &runner.Recorder{Reply: func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+		if strings.HasPrefix(c.String(), "/usr/bin/kubeadm init phase kubelet-start") {
+			st, err := os.Stat(g.node.Path(ConfigPath))
+			if err == nil {
+				g.mode = st.Mode().Perm()
+				g.seen = g.node.Read(ConfigPath)
+			}
+		}
+		if c.String() == "/usr/bin/systemctl restart kubelet" && healthyAfterStart {
+			g.kl.healthy.Store(true)
+		}
+		return runner.Result{}, nil
+	}}
+	g.r = &Repairer{Root: g.node.R(), Runner: g.rec, Clock: g.clock, Log: slog.New(slog.NewTextHandler(&g.log, nil)),
+		Budgets: Budgets{KubeletStart: time.Minute, KubeletHealthy: 2 * time.Minute, LocalAPI: 5 * time.Minute, Attempt: time.Second},
+		KubeletHealthzURL: g.kl.srv.URL + "/healthz"}
+	return g
+}
+
+var repairLines = []string{"/usr/bin/kubeadm init phase kubelet-start --config " + ConfigPath, "/usr/bin/systemctl daemon-reload", "/usr/bin/systemctl restart kubelet"}
+
+func TestWorkerRepair(t *testing.T) {
+	g := newRig(t, true)
+	g.node.Write("/etc/default/kubelet", "KUBELET_EXTRA_ARGS=--containerd=/run/containerd/containerd.sock\n", 0o644)
+	warnings, err := g.r.Repair(context.Background(), Input{Target: v137, Role: plan.RoleWorker, Kubeadm: config(t, "worker", "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(g.rec.Lines(), repairLines) {
+		t.Fatalf("ran %q", g.rec.Lines())
+	}
+	if g.mode != 0o600 || !strings.Contains(g.seen, "kubernetesVersion: v1.37.2") {
+		t.Fatalf("config mode %v:\n%s", g.mode, g.seen)
+	}
+	if g.node.Exists(ConfigPath) {
+		t.Fatal("config left on tmpfs")
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "--containerd") || !strings.Contains(warnings[0], "/etc/default/kubelet") {
+		t.Fatalf("warnings %q", warnings)
+	}
+	if !strings.Contains(g.log.String(), "msg=kubelet-flags-removed flag=--containerd file=/etc/default/kubelet removed_in=1.37 fixed_by_repair=false") {
+		t.Fatalf("log:\n%s", g.log.String())
+	}
+}
+
+func TestHealthyKubeletNeedsNoRepair(t *testing.T) {
+	g := newRig(t, true)
+	g.kl.healthy.Store(true)
+	if _, err := g.r.Repair(context.Background(), Input{Target: v137, Role: plan.RoleWorker, Kubeadm: config(t, "worker", "")}); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.rec.Lines()) != 0 {
+		t.Fatalf("ran %q", g.rec.Lines())
+	}
+}
+
+func TestKubeletNeverHealthyNamesTheFlag(t *testing.T) {
+	g := newRig(t, false)
+	g.node.Write("/etc/default/kubelet", "KUBELET_EXTRA_ARGS=--containerd=/run/containerd/containerd.sock\n", 0o644)
+	start := g.clock.Now()
+	_, err := g.r.Repair(context.Background(), Input{Target: v137, Role: plan.RoleWorker, Kubeadm: config(t, "worker", "")})
+	if err == nil || !strings.Contains(err.Error(), "syncloop failed") || !strings.Contains(err.Error(), "--containerd") {
+		t.Fatalf("%v", err)
+	}
+	if spent := g.clock.Now().Sub(start); spent < 2*time.Minute || spent > 2*time.Minute+5*time.Second {
+		t.Fatalf("spent %s of a 2m budget", spent)
+	}
+}
+
+func TestKubeletFlappingBecomesHealthy(t *testing.T) {
+	g := newRig(t, true)
+	g.kl.flap.Store(true)
+	if _, err := g.r.Repair(context.Background(), Input{Target: v137, Role: plan.RoleWorker, Kubeadm: config(t, "worker", "")}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The control-plane side: the local apiserver's /readyz on a real HTTPS
+// endpoint on loopback that turns healthy late, never, or flaps.
+func TestControlPlaneRepairWaitsForTheLocalAPI(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		readyAt int64 // request number from which /readyz answers ok; 0 never
+		flap    bool
+		ok      bool
+	}{
+		{"late", 20, false, true},
+		{"never", 0, false, false},
+		{"flapping", 5, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var n atomic.Int64
+			api := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				i := n.Add(1)
+				if r.URL.Path == "/readyz" && tc.readyAt > 0 && i >= tc.readyAt && (!tc.flap || i%3 != 0) {
+					_, _ = w.Write([]byte("ok"))
+					return
+				}
+				http.Error(w, "[-]etcd failed: reason withheld", http.StatusServiceUnavailable)
+			}))
+			defer api.Close()
+			g := newRig(t, true)
+			host, port, _ := strings.Cut(strings.TrimPrefix(api.URL, "https://"), ":")
+			g.r.LocalAPIHost = host
+			g.node.Write(CACert, string(pemOf(api)), 0o644)
+			g.node.Write(paths.APIServerManifest, strings.Replace(testutil.APIServerManifest("v1.36.3"), "--secure-port=6443", "--secure-port="+port, 1), 0o600)
+			start := g.clock.Now()
+			_, err := g.r.Repair(context.Background(), Input{Target: v137, ControlPlane: true, Role: plan.RoleControlPlane, Kubeadm: config(t, "controlplane", "")})
+			if tc.ok != (err == nil) {
+				t.Fatalf("err %v", err)
+			}
+			if !reflect.DeepEqual(g.rec.Lines(), repairLines) {
+				t.Fatalf("ran %q", g.rec.Lines())
+			}
+			if !tc.ok {
+				if !strings.Contains(err.Error(), "etcd failed") {
+					t.Fatalf("last real error not named: %v", err)
+				}
+				if spent := g.clock.Now().Sub(start); spent < 5*time.Minute || spent > 5*time.Minute+5*time.Second {
+					t.Fatalf("spent %s of a 5m budget", spent)
+				}
+			}
+		})
+	}
+}
