@@ -81,4 +81,3 @@ func EtcdMembers(ctx context.Context, seed string, tlsCfg *tls.Config) error {
 	}
 	return nil
 }
-

@@ -249,7 +249,7 @@ func newRig(t *testing.T, healthyAfterStart bool) *rig {
 		return runner.Result{}, nil
 	}}
 	g.r = &Repairer{Root: g.node.R(), Runner: g.rec, Clock: g.clock, Log: slog.New(slog.NewTextHandler(&g.log, nil)),
-		Budgets: Budgets{KubeletStart: time.Minute, KubeletHealthy: 2 * time.Minute, LocalAPI: 5 * time.Minute, Attempt: time.Second},
+		Budgets:           Budgets{KubeletStart: time.Minute, KubeletHealthy: 2 * time.Minute, LocalAPI: 5 * time.Minute, Attempt: time.Second},
 		KubeletHealthzURL: g.kl.srv.URL + "/healthz"}
 	return g
 }

@@ -37,7 +37,7 @@ type API struct {
 	OnRequest func(n int)
 	// Pod answers GET of a kube-system pod (static pods mirror what is on disk).
 	Pod func(name string) (*corev1.Pod, bool)
-	srv       *httptest.Server
+	srv *httptest.Server
 }
 
 // NewAPI starts the endpoint; it stops at the end of the test.
