@@ -127,9 +127,13 @@ func (e *env) reply(ctx context.Context, c runner.Cmd) (runner.Result, error) {
 	return runner.Result{}, nil
 }
 
+func (e *env) logger() *slog.Logger { return slog.New(slog.NewTextHandler(e.logBuf, nil)) }
+
+func (e *env) obsv() *observe.Observer { return &observe.Observer{Root: e.node.R()} }
+
 func (e *env) run(steps Steps) Result {
 	e.t.Helper()
-	log := slog.New(slog.NewTextHandler(e.logBuf, nil))
+	log := e.logger()
 	etcd := e.etcd
 	if etcd == nil {
 		etcd = func(context.Context) error { return nil }
