@@ -556,3 +556,21 @@ func TestNodeVersionFromManifest(t *testing.T) {
 		t.Fatalf("registry with a port and a digest: %v %v", v, err)
 	}
 }
+
+// A hung kubeadm is killed at its budget: a real process under the real
+// runner, from the sandbox root, with the budget from providerConfig.
+func TestHungKubeadmIsKilledAtItsBudget(t *testing.T) {
+	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
+	e.node.Write(paths.ClusterFile, e.node.Read(paths.ClusterFile)+"providerConfig:\n  budgets:\n    kubeadmUpgrade: 1s\n", 0o600)
+	e.node.Write(paths.Kubeadm, "#!/bin/sh\necho '[upgrade] waiting for etcd' >&2\nsleep 120\n", 0o755)
+	start := time.Now()
+	res := Run(context.Background(), Options{Root: e.node.R(), Runner: runner.Exec{Root: e.node.Root}, Log: e.logger(),
+		EtcdHealthy: func(context.Context) error { return nil }})
+	if res.ExitCode != ExitFailed || res.Status.Reason != ReasonKubeadmFailed || !strings.Contains(res.Status.Message, "killed at its time budget") {
+		t.Fatalf("exit %d %+v", res.ExitCode, res.Status)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Fatalf("took %s with a 1s budget", took)
+	}
+	e.logHas(t, "msg=upgrade-apply", "outcome=failed", "waiting for etcd")
+}
