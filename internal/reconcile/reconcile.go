@@ -108,6 +108,8 @@ type pass struct {
 	// notes are warnings learned while acting (no CNI yet, removed kubelet
 	// flags), kept in the status next to the plan's.
 	notes []string
+	// repaired is set once the kubelet repair step ran in this pass.
+	repaired bool
 }
 
 // Run runs one pass.
@@ -275,9 +277,7 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 			p.Log.Warn(EventStepUnavailble, "action", string(a))
 			return "", nil
 		}
-		warnings, err := p.Steps.RepairKubelet(ctx, obs)
-		p.notes = append(p.notes, warnings...)
-		return ReasonRepairFailed, err
+		return ReasonRepairFailed, p.repairKubelet(ctx, obs)
 	case plan.ActionEtcdSnapshot:
 		if p.Steps.EtcdSnapshot == nil {
 			p.Log.Warn(EventStepUnavailble, "action", string(a))
@@ -289,8 +289,14 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 	case plan.ActionWaitForClusterUpgrade:
 		return ReasonControlPlaneNotUpgraded, p.waitForCluster(ctx, obs, pl.Pin)
 	case plan.ActionUpgradeApply:
+		if err := p.ensureKubelet(ctx, obs); err != nil {
+			return ReasonRepairFailed, err
+		}
 		return ReasonKubeadmFailed, p.kubeadmUpgrade(ctx, obs, []string{"upgrade", "apply", pl.Pin.String(), "--yes"})
 	case plan.ActionUpgradeNode:
+		if err := p.ensureKubelet(ctx, obs); err != nil {
+			return ReasonRepairFailed, err
+		}
 		if obs.ControlPlane {
 			if err := p.controlPlaneGate(ctx); err != nil {
 				return ReasonHealthGateTimeout, err
@@ -303,6 +309,26 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 		return ReasonHealthGateTimeout, p.verify(ctx, obs, pl)
 	}
 	return "", fmt.Errorf("unknown action %q", a)
+}
+
+func (p *pass) repairKubelet(ctx context.Context, obs Observation) error {
+	p.repaired = true
+	warnings, err := p.Steps.RepairKubelet(ctx, obs)
+	p.notes = append(p.notes, warnings...)
+	return err
+}
+
+// ensureKubelet runs the repair step before a kubeadm upgrade when it has
+// not run in this pass: after the A/B swap a worker's kubelet can crash-loop
+// on a removed flag while its API reads still work (kubelet.conf is only a
+// client certificate), and upgrade node does not rewrite kubeadm-flags.env.
+// The step itself does nothing when the kubelet (or the local apiserver)
+// answers.
+func (p *pass) ensureKubelet(ctx context.Context, obs Observation) error {
+	if p.repaired || p.Steps.RepairKubelet == nil {
+		return nil
+	}
+	return p.repairKubelet(ctx, obs)
 }
 
 // UpgradeConfigPath is where the operator's UpgradeConfiguration is handed to

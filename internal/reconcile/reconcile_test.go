@@ -574,3 +574,30 @@ func TestHungKubeadmIsKilledAtItsBudget(t *testing.T) {
 	}
 	e.logHas(t, "msg=upgrade-apply", "outcome=failed", "waiting for etcd")
 }
+
+// A worker whose API reads work (kubelet.conf is a client certificate) but
+// whose kubelet crash-loops after the swap is repaired before upgrade node.
+func TestWorkerRepairRunsBeforeUpgradeNode(t *testing.T) {
+	e := newEnv(t, "worker", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+	var order []string
+	inner := e.rec.Reply
+	e.rec.Reply = func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+		order = append(order, c.String())
+		return inner(ctx, c)
+	}
+	calls := 0
+	res := e.run(Steps{RepairKubelet: func(ctx context.Context, obs Observation) ([]string, error) {
+		calls++
+		order = append(order, "repair")
+		return []string{"kubelet flag --containerd (removed in 1.37) in /etc/default/kubelet"}, nil
+	}})
+	if res.ExitCode != ExitOK || calls != 1 {
+		t.Fatalf("exit %d calls %d %v", res.ExitCode, calls, res.Err)
+	}
+	if order[0] != "repair" || order[1] != "/usr/bin/kubeadm upgrade node" {
+		t.Fatalf("order %q", order)
+	}
+	if st := e.status(t); len(st.Warnings) != 1 || !strings.Contains(st.Warnings[0], "--containerd") {
+		t.Fatalf("status warnings %q", st.Warnings)
+	}
+}
