@@ -101,11 +101,11 @@ func TestValidateBad(t *testing.T) {
 		{"unsafe skip", section("worker", "10.0.0.11", goodConfig+"  joinConfiguration:\n    discovery:\n      bootstrapToken:\n        unsafeSkipCAVerification: true\n"), "unsafeSkipCAVerification must not be set"},
 		{"file discovery", section("worker", "10.0.0.11", goodConfig+"  joinConfiguration:\n    discovery:\n      file:\n        kubeConfigPath: /x\n"), "discovery.file is not supported"},
 		{"bad hash", section("worker", "10.0.0.11", goodConfig+"  joinConfiguration:\n    discovery:\n      bootstrapToken:\n        caCertHashes: [sha256:zz]\n"), "caCertHashes[0] is not sha256:"},
-		{"bad join token", section("worker", "10.0.0.11", goodConfig+"  joinConfiguration:\n    discovery:\n      bootstrapToken:\n        token: " + secretToken + "\n"), "bootstrapToken.token is not a bootstrap token"},
+		{"bad join token", section("worker", "10.0.0.11", goodConfig+"  joinConfiguration:\n    discovery:\n      bootstrapToken:\n        token: "+secretToken+"\n"), "bootstrapToken.token is not a bootstrap token"},
 		{"unbounded ttl", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    bootstrapTokens:\n    - token: abcdef.0123456789abcdef\n      ttl: 0s\n"), "ttl 0s is not bounded"},
 		{"long ttl", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    bootstrapTokens:\n    - token: abcdef.0123456789abcdef\n      ttl: 720h\n"), "ttl 720h0m0s is not bounded"},
 		{"token without token", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    bootstrapTokens:\n    - ttl: 1h\n"), "bootstrapTokens[0].token is missing"},
-		{"bad certificate key", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    certificateKey: " + secretToken + "\n"), "initConfiguration.certificateKey is not 64 lowercase hex digits"},
+		{"bad certificate key", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    certificateKey: "+secretToken+"\n"), "initConfiguration.certificateKey is not 64 lowercase hex digits"},
 		{"bad ca_certs", section("worker", "10.0.0.11", goodConfig+"ca_certs:\n- not a certificate\n"), "ca_certs[0]: no PEM CERTIFICATE block"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
