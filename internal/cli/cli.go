@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/bootstrap"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
@@ -124,8 +125,11 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(logFile, stderr), nil))
 	ctx, cancel := context.WithTimeout(ctx, reconcile.PassBound)
 	defer cancel()
+	run := runner.Exec{Root: *root}
+	boot := &bootstrap.Step{Root: r, Runner: run, Log: log}
 	res := reconcile.Run(ctx, reconcile.Options{
-		Root: r, ClusterFile: *clusterFile, Runner: runner.Exec{Root: *root}, Log: log,
+		Root: r, ClusterFile: *clusterFile, Runner: run, Log: log,
+		Steps: reconcile.Steps{Bootstrap: boot.Bootstrap},
 	})
 	if res.Err != nil {
 		fmt.Fprintf(stderr, "reconcile: %v\n", res.Err)

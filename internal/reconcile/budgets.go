@@ -22,6 +22,11 @@ type Budgets struct {
 	Verify time.Duration `json:"verify"`
 	// APIRequest: one API request.
 	APIRequest time.Duration `json:"apiRequest"`
+	// KubeadmBootstrap: one kubeadm init or kubeadm join.
+	KubeadmBootstrap time.Duration `json:"kubeadmBootstrap"`
+	// ControlPlaneReady: a joining control plane waiting for the
+	// endpoint's /readyz before kubeadm join.
+	ControlPlaneReady time.Duration `json:"controlPlaneReady"`
 }
 
 // DefaultBudgets are the defaults.
@@ -33,6 +38,9 @@ func DefaultBudgets() Budgets {
 		KubeletRestart: 2 * time.Minute,
 		Verify:         5 * time.Minute,
 		APIRequest:     5 * time.Second,
+
+		KubeadmBootstrap:  15 * time.Minute,
+		ControlPlaneReady: 10 * time.Minute,
 	}
 }
 
@@ -41,11 +49,15 @@ func DefaultBudgets() Budgets {
 // TimeoutStartSec uses it.
 const PassBound = 50 * time.Minute
 
-// Total is the most a pass can spend with these budgets.
+// Total is the most a pass can spend with these budgets: an upgrade pass or
+// a bootstrap pass, whichever is longer.
 func (b Budgets) Total() time.Duration {
 	// Two cluster-version reads (before and after a repair), one wait, one
 	// kubeadm upgrade, one restart, one verification.
-	return 2*b.ClusterVersion + b.WaitForCluster + b.KubeadmUpgrade + b.KubeletRestart + b.Verify
+	upgrade := 2*b.ClusterVersion + b.WaitForCluster + b.KubeadmUpgrade + b.KubeletRestart + b.Verify
+	// A control plane join: wait for /readyz, then one kubeadm join.
+	bootstrap := b.ControlPlaneReady + b.KubeadmBootstrap
+	return max(upgrade, bootstrap)
 }
 
 // WithOverrides applies providerConfig's "budgets" map.
@@ -66,6 +78,9 @@ func (b Budgets) WithOverrides(providerConfig json.RawMessage) (Budgets, error) 
 		"kubeletRestart": &b.KubeletRestart,
 		"verify":         &b.Verify,
 		"apiRequest":     &b.APIRequest,
+
+		"kubeadmBootstrap":  &b.KubeadmBootstrap,
+		"controlPlaneReady": &b.ControlPlaneReady,
 	}
 	for k, v := range pc.Budgets {
 		f, ok := fields[k]
