@@ -26,6 +26,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/scheme"
 )
 
 // API is a loopback HTTPS endpoint serving kube-system/kubeadm-config and
@@ -203,8 +204,15 @@ func (a *API) store(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write(b)
 		return
 	case http.MethodPost, http.MethodPut:
-		if err := json.Unmarshal(body, &obj); err != nil {
-			status(w, http.StatusBadRequest, "body is not JSON: "+err.Error())
+		// Clients send protobuf or JSON: decode either as the apiserver does.
+		o, _, err := scheme.Codecs.UniversalDeserializer().Decode(body, nil, nil)
+		if err != nil {
+			status(w, http.StatusBadRequest, "body does not decode: "+err.Error())
+			return
+		}
+		js, _ := json.Marshal(o)
+		if err := json.Unmarshal(js, &obj); err != nil {
+			status(w, http.StatusBadRequest, err.Error())
 			return
 		}
 	default:
