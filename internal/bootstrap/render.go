@@ -115,6 +115,9 @@ func RenderJoin(c *clusterconfig.Cluster) (Rendered, error) {
 	r := Rendered{ControlPlane: c.Role == clusterconfig.RoleControlPlane, TokenSource: SourceExplicit}
 
 	joinDoc := typed(k.JoinConfiguration, "joinConfiguration")
+	if v, ok := joinDoc["controlPlane"]; ok && v != nil && !r.ControlPlane {
+		return Rendered{}, fmt.Errorf("%w: joinConfiguration.controlPlane is set but the role is worker", ErrRoleConflict)
+	}
 	discovery := submap(joinDoc, "discovery")
 	bt := submap(discovery, "bootstrapToken")
 
@@ -167,8 +170,6 @@ func RenderJoin(c *clusterconfig.Cluster) (Rendered, error) {
 				r.KeySource = SourceDerived
 			}
 		}
-	} else if v, ok := joinDoc["controlPlane"]; ok && v != nil {
-		return Rendered{}, fmt.Errorf("%w: joinConfiguration.controlPlane is set but the role is worker", ErrRoleConflict)
 	}
 	r.Config, err = marshalDocs([]map[string]any{joinDoc})
 	return r, err

@@ -22,6 +22,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/joinconfig"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/plugin"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/reset"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
@@ -69,6 +70,48 @@ cluster.reset on stdin/stdout.
 
 Exit codes: 0 converged or nothing to do, 1 failed, 2 usage, 3 refused.
 `
+
+// Entry runs the process: argv is the whole command line, argv[0]
+// included. Installed as agent-provider-kubernetes, or with a go-pluggable
+// event name (agent.boot, cluster.reset) first, it is the Kairos plugin;
+// otherwise the command line interface. It returns the exit code.
+func Entry(ctx context.Context, argv []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return entry(ctx, argv, "/", stdin, stdout, stderr)
+}
+
+func entry(ctx context.Context, argv []string, root string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(argv) == 0 {
+		fmt.Fprint(stderr, usage)
+		return reconcile.ExitUsage
+	}
+	asPlugin := filepath.Base(argv[0]) == plugin.BinaryName
+	if asPlugin || len(argv) > 1 && plugin.IsEvent(argv[1]) {
+		if len(argv) < 2 {
+			fmt.Fprintf(stderr, "%s: the event name is the first argument (go-pluggable), e.g. %s\n", plugin.BinaryName, plugin.EventBoot)
+			return reconcile.ExitUsage
+		}
+		return servePlugin(ctx, paths.Root(root), argv[1], stdin, stdout, stderr)
+	}
+	return Main(ctx, argv[1:], stdout, stderr)
+}
+
+func servePlugin(ctx context.Context, r paths.Root, event string, stdin io.Reader, stdout, stderr io.Writer) int {
+	o := plugin.Options{Root: r, Reset: func(ctx context.Context, logw io.Writer) (status.Document, error) {
+		logFile, err := OpenLog(r)
+		if err != nil {
+			return status.Document{Phase: status.PhaseResetFailed}, fmt.Errorf("open reconcile log: %w", err)
+		}
+		defer logFile.Close()
+		log := slog.New(slog.NewTextHandler(io.MultiWriter(logFile, logw), nil))
+		res := reset.Run(ctx, reset.Options{Root: r, Runner: runner.Exec{Root: string(r)}, Log: log})
+		return res.Status, res.Err
+	}}
+	if err := plugin.Serve(ctx, o, event, stdin, stdout); err != nil {
+		fmt.Fprintf(stderr, "%s %s: %s\n", plugin.BinaryName, event, runner.Sanitize(err.Error(), 500))
+		return reconcile.ExitFailed
+	}
+	return reconcile.ExitOK
+}
 
 // Main runs the command line args and returns the exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
