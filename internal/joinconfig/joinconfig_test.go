@@ -244,6 +244,11 @@ func TestRealKubeadmUploadsCertsUnderThePrintedKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The file is a configuration kubeadm accepts on its own...
+		if out, err := exec.CommandContext(ctx, kubeadm, "config", "validate", "--config", c.Args[5]).CombinedOutput(); err != nil {
+			t.Fatalf("kubeadm config validate: %v\n%s", err, out)
+		}
+		// ...and the one the command runs with.
 		cmd := exec.CommandContext(ctx, kubeadm, c.Args...)
 		cmd.Env = runner.BaseEnv
 		out, err := cmd.CombinedOutput()
