@@ -1,5 +1,6 @@
 // Command provider-kubernetes is the on-node agent that installs and
-// upgrades Kubernetes with kubeadm on Kairos. See README.md.
+// upgrades Kubernetes with kubeadm on Kairos, and, installed as
+// /system/providers/agent-provider-kubernetes, its Kairos plugin. See README.md.
 package main
 
 import (
@@ -13,7 +14,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := cli.Entry(ctx, os.Args, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }

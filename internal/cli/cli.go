@@ -13,17 +13,23 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/bootstrap"
+	"github.com/kairos-io/provider-kubernetes/internal/joinconfig"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/plugin"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/repair"
+	"github.com/kairos-io/provider-kubernetes/internal/reset"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/wait"
+	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 	"github.com/kairos-io/provider-kubernetes/pkg/plan"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
@@ -46,11 +52,67 @@ Usage:
       reads nothing and works on any machine.
   provider-kubernetes status [--root DIR] [-o text|yaml|json]
       The last pass's status document.
+  provider-kubernetes join-config --role worker|controlplane [--ttl D] [--root DIR]
+      On a control plane: mint join material (a fresh bootstrap token, the CA
+      pin, for a control plane a fresh certificate key with the certificates
+      uploaded under it) and print a ready-to-paste cloud-config cluster:
+      section for the next node. The output is a secret.
+  provider-kubernetes reset --yes [--root DIR]
+      Take this node out of Kubernetes: kubeadm reset -f, then empty
+      /etc/kubernetes, /var/lib/kubelet and /var/lib/etcd (kept as
+      directories; never through a symlink or into another mount). The
+      provider's etcd snapshots are kept.
   provider-kubernetes version
       This binary's version and supported window.
 
+As a Kairos plugin (installed as agent-provider-kubernetes, or given an
+event name first) it answers the go-pluggable events agent.boot and
+cluster.reset on stdin/stdout.
+
 Exit codes: 0 converged or nothing to do, 1 failed, 2 usage, 3 refused.
 `
+
+// Entry runs the process: argv is the whole command line, argv[0]
+// included. Installed as agent-provider-kubernetes, or with a go-pluggable
+// event name (agent.boot, cluster.reset) first, it is the Kairos plugin;
+// otherwise the command line interface. It returns the exit code.
+func Entry(ctx context.Context, argv []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return entry(ctx, argv, "/", stdin, stdout, stderr)
+}
+
+func entry(ctx context.Context, argv []string, root string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(argv) == 0 {
+		fmt.Fprint(stderr, usage)
+		return reconcile.ExitUsage
+	}
+	asPlugin := filepath.Base(argv[0]) == plugin.BinaryName
+	if asPlugin || len(argv) > 1 && plugin.IsEvent(argv[1]) {
+		if len(argv) < 2 {
+			fmt.Fprintf(stderr, "%s: the event name is the first argument (go-pluggable), e.g. %s\n", plugin.BinaryName, plugin.EventBoot)
+			return reconcile.ExitUsage
+		}
+		return servePlugin(ctx, paths.Root(root), argv[1], stdin, stdout, stderr)
+	}
+	return Main(ctx, argv[1:], stdout, stderr)
+}
+
+func servePlugin(ctx context.Context, r paths.Root, event string, stdin io.Reader, stdout, stderr io.Writer) int {
+	o := plugin.Options{Root: r, Reset: func(ctx context.Context, logw io.Writer) (status.Document, error) {
+		logFile, err := OpenLog(r)
+		if err != nil {
+			return status.Document{Phase: status.PhaseResetFailed}, fmt.Errorf("open reconcile log: %w", err)
+		}
+		defer logFile.Close()
+		log := slog.New(slog.NewTextHandler(io.MultiWriter(logFile, logw), nil))
+		res := reset.Run(ctx, reset.Options{Root: r, Runner: runner.Exec{Root: string(r)}, Log: log})
+		return res.Status, res.Err
+	}}
+	if err := plugin.Serve(ctx, o, event, stdin, stdout); err != nil {
+		fmt.Fprintf(stderr, "%s %s: %s\n", plugin.BinaryName, event, runner.Sanitize(err.Error(), 500))
+		return reconcile.ExitFailed
+	}
+	return reconcile.ExitOK
+}
 
 // Main runs the command line args and returns the exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -65,6 +127,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdPlan(ctx, args[1:], stdout, stderr)
 	case "status":
 		return cmdStatus(args[1:], stdout, stderr)
+	case "join-config":
+		return cmdJoinConfig(ctx, args[1:], stdout, stderr)
+	case "reset":
+		return cmdReset(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "provider-kubernetes %s (release %s, Kubernetes %s)\n", Version, images.Get().Release, images.Window())
 		return reconcile.ExitOK
@@ -126,9 +192,10 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	ctx, cancel := context.WithTimeout(ctx, reconcile.PassBound)
 	defer cancel()
 	run := runner.Exec{Root: *root}
+	boot := &bootstrap.Step{Root: r, Runner: run, Log: log}
 	res := reconcile.Run(ctx, reconcile.Options{
 		Root: r, ClusterFile: *clusterFile, Runner: run, Log: log,
-		Steps: reconcile.Steps{RepairKubelet: repairStep(r, run, log)},
+		Steps: reconcile.Steps{RepairKubelet: repairStep(r, run, log), Bootstrap: boot.Bootstrap},
 	})
 	if res.Err != nil {
 		fmt.Fprintf(stderr, "reconcile: %v\n", res.Err)
@@ -322,4 +389,67 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 		return reconcile.ExitFailed
 	}
 	return reconcile.ExitOK
+}
+
+func cmdJoinConfig(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("join-config", stderr)
+	root := fs.String("root", "/", "host root")
+	role := fs.String("role", "", "the next node's role: worker or controlplane")
+	ttl := fs.Duration("ttl", clusterconfig.DefaultTokenTTL, "the bootstrap token's lifetime (at most "+clusterconfig.MaxTokenTTL.String()+")")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if !checkRoot(*root, stderr) {
+		return reconcile.ExitUsage
+	}
+	if *role != clusterconfig.RoleWorker && *role != clusterconfig.RoleControlPlane {
+		fmt.Fprintf(stderr, "--role must be worker or controlplane, got %q\n", *role)
+		return reconcile.ExitUsage
+	}
+	if *ttl <= 0 || *ttl > clusterconfig.MaxTokenTTL {
+		fmt.Fprintf(stderr, "--ttl must be more than 0 and at most %s, got %s\n", clusterconfig.MaxTokenTTL, *ttl)
+		return reconcile.ExitUsage
+	}
+	m, err := joinconfig.Mint(ctx, joinconfig.Options{Root: paths.Root(*root), Runner: runner.Exec{Root: *root}, Role: *role, TTL: *ttl})
+	if err != nil {
+		fmt.Fprintf(stderr, "join-config: %s\n", runner.Sanitize(err.Error(), 1000))
+		return reconcile.ExitFailed
+	}
+	if _, err := stdout.Write(m.Section); err != nil {
+		fmt.Fprintf(stderr, "join-config: %v\n", err)
+		return reconcile.ExitFailed
+	}
+	fmt.Fprintf(stderr, "minted join material for a %s: bootstrap token id %s, expires %s\n", m.Role, m.TokenID, m.Expires.Format(time.RFC3339))
+	return reconcile.ExitOK
+}
+
+func cmdReset(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("reset", stderr)
+	root := fs.String("root", "/", "host root")
+	yes := fs.Bool("yes", false, "confirm: this removes the node's Kubernetes state")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if !checkRoot(*root, stderr) {
+		return reconcile.ExitUsage
+	}
+	if !*yes {
+		fmt.Fprintf(stderr, "reset removes this node's Kubernetes state (kubeadm reset -f; %s emptied): run it with --yes\n", strings.Join(reset.Emptied, ", "))
+		return reconcile.ExitUsage
+	}
+	return runReset(ctx, paths.Root(*root), stdout, stderr)
+}
+
+// runReset is the reset shared by the command and the cluster.reset event.
+func runReset(ctx context.Context, r paths.Root, stdout, stderr io.Writer) int {
+	logFile, err := OpenLog(r)
+	if err != nil {
+		fmt.Fprintf(stderr, "open reconcile log: %v\n", err)
+		return reconcile.ExitFailed
+	}
+	defer logFile.Close()
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(logFile, stderr), nil))
+	res := reset.Run(ctx, reset.Options{Root: r, Runner: runner.Exec{Root: string(r)}, Log: log})
+	_ = status.Print(stdout, res.Status, "text")
+	return res.ExitCode
 }

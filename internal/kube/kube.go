@@ -30,6 +30,7 @@ type Client struct {
 	Clientset  kubernetes.Interface
 	Kubeconfig string // host path
 	NodeName   string // from the kubeconfig's client certificate, if it is a node's
+	Server     string // the API server URL the kubeconfig points at
 }
 
 // ErrNoKubeconfig is returned when neither kubelet.conf nor admin.conf exists.
@@ -72,7 +73,7 @@ func load(root paths.Root, kc string, timeout time.Duration) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("clientset %s: %w", kc, err)
 	}
-	return &Client{Clientset: cs, Kubeconfig: kc, NodeName: nodeName(root, rc)}, nil
+	return &Client{Clientset: cs, Kubeconfig: kc, NodeName: nodeName(root, rc), Server: rc.Host}, nil
 }
 
 func rebase(root paths.Root, cfg *clientcmdapi.Config) {

@@ -27,6 +27,19 @@ const (
 	ManifestsDir      = KubernetesDir + "/manifests"
 	APIServerManifest = ManifestsDir + "/kube-apiserver.yaml"
 	EtcdManifest      = ManifestsDir + "/etcd.yaml"
+	PKIDir            = KubernetesDir + "/pki"
+	CACert            = PKIDir + "/ca.crt"
+	KubeadmTmpDir     = KubernetesDir + "/tmp" // kubeadm's own backups: kubeadm-backup-*
+
+	KubeletDir = "/var/lib/kubelet"
+	EtcdDir    = "/var/lib/etcd"
+	// EtcdBackupDir holds the provider's pre-upgrade snapshots: a reset keeps it.
+	EtcdBackupDir = PersistDir + "/etcd-backup"
+
+	// CloudConfigDir is where the plugin writes the yip config Kairos runs at boot.
+	CloudConfigDir = "/usr/local/cloud-config"
+	ClusterYipFile = CloudConfigDir + "/cluster.kairos.yaml"
+	ReconcileUnit  = "provider-kubernetes-reconcile.service"
 
 	BootID   = "/proc/sys/kernel/random/boot_id"
 	Hostname = "/proc/sys/kernel/hostname"

@@ -33,6 +33,11 @@ type Budgets struct {
 	Verify time.Duration `json:"verify"`
 	// APIRequest: one API request.
 	APIRequest time.Duration `json:"apiRequest"`
+	// KubeadmBootstrap: one kubeadm init or kubeadm join.
+	KubeadmBootstrap time.Duration `json:"kubeadmBootstrap"`
+	// ControlPlaneReady: a joining control plane waiting for the
+	// endpoint's /readyz before kubeadm join.
+	ControlPlaneReady time.Duration `json:"controlPlaneReady"`
 }
 
 // DefaultBudgets are the defaults.
@@ -49,6 +54,8 @@ func DefaultBudgets() Budgets {
 		KubeletRestart:     2 * time.Minute,
 		Verify:             5 * time.Minute,
 		APIRequest:         5 * time.Second,
+		KubeadmBootstrap:   15 * time.Minute,
+		ControlPlaneReady:  10 * time.Minute,
 	}
 }
 
@@ -57,16 +64,19 @@ func DefaultBudgets() Budgets {
 // TimeoutStartSec uses it.
 const PassBound = 50 * time.Minute
 
-// Total is the most a pass can spend with these budgets: the longer of the
-// control-plane path (two cluster-version reads around a repair, the repair
-// with its waits, the snapshot, the follower gate, one kubeadm upgrade, a
-// restart and a verification) and the worker path (the same without the
-// local API, snapshot and gate, with the wait for the control planes).
+// Total is the most a pass can spend with these budgets: the longest of
+// the control-plane upgrade path (two cluster-version reads around a repair,
+// the repair with its waits, the snapshot, the follower gate, one kubeadm
+// upgrade, a restart and a verification), the worker upgrade path (the same
+// without the local API, snapshot and gate, with the wait for the control
+// planes) and a bootstrap (a control-plane join waits for /readyz, then one
+// kubeadm init or join).
 func (b Budgets) Total() time.Duration {
 	common := 2*b.ClusterVersion + b.KubeletStart + b.KubeletHealthy + b.KubeadmUpgrade + b.KubeletRestart + b.Verify
 	cp := common + b.LocalAPI + b.EtcdSnapshot + b.ControlPlaneHealth
 	worker := common + b.WaitForCluster
-	return max(cp, worker)
+	bootstrap := b.ControlPlaneReady + b.KubeadmBootstrap
+	return max(cp, worker, bootstrap)
 }
 
 // WithOverrides applies providerConfig's "budgets" map.
@@ -92,6 +102,8 @@ func (b Budgets) WithOverrides(providerConfig json.RawMessage) (Budgets, error) 
 		"kubeletRestart":     &b.KubeletRestart,
 		"verify":             &b.Verify,
 		"apiRequest":         &b.APIRequest,
+		"kubeadmBootstrap":   &b.KubeadmBootstrap,
+		"controlPlaneReady":  &b.ControlPlaneReady,
 	}
 	for k, v := range pc.Budgets {
 		f, ok := fields[k]

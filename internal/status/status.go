@@ -25,6 +25,8 @@ const (
 	PhaseBootstrapping = "Bootstrapping"
 	PhaseRefused       = "Refused"
 	PhaseFailed        = "Failed"
+	PhaseReset         = "Reset"
+	PhaseResetFailed   = "ResetFailed"
 )
 
 // Document is the status document. Nothing secret belongs here.

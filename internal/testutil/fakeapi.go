@@ -9,12 +9,16 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"path"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -22,15 +26,23 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/scheme"
 )
 
 // API is a loopback HTTPS endpoint serving kube-system/kubeadm-config and
-// Nodes the way kube-apiserver does, with state a test can change.
+// Nodes the way kube-apiserver does, with state a test can change. It also
+// stores what clients create the way the apiserver does for the objects the
+// provider and kubeadm write (Secrets, Roles, RoleBindings: POST creates or
+// answers 409 AlreadyExists, PUT replaces, GET reads), and answers /readyz
+// and the public kube-public/cluster-info.
 type API struct {
 	mu             sync.Mutex
 	clusterVersion string
+	clusterConfig  string // the whole ClusterConfiguration, when set
 	nodes          map[string]*corev1.Node
+	objects        map[string][]byte // item path → JSON
 	down           bool
+	notReady       bool
 	requests       int
 	paths          []string
 	// OnRequest runs before each request is answered (state changes over time).
@@ -42,7 +54,7 @@ type API struct {
 
 // NewAPI starts the endpoint; it stops at the end of the test.
 func NewAPI(t testing.TB, clusterVersion string) *API {
-	a := &API{clusterVersion: clusterVersion, nodes: map[string]*corev1.Node{}}
+	a := &API{clusterVersion: clusterVersion, nodes: map[string]*corev1.Node{}, objects: map[string][]byte{}}
 	a.srv = httptest.NewTLSServer(http.HandlerFunc(a.serve))
 	t.Cleanup(a.srv.Close)
 	return a
@@ -138,6 +150,11 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodGet && r.URL.Path == "/readyz":
 		w.Header().Set("Content-Type", "text/plain")
+		if a.notReady {
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = w.Write([]byte("[-]etcd failed: reason withheld\nreadyz check failed\n"))
+			return
+		}
 		_, _ = w.Write([]byte("ok"))
 	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/api/v1/namespaces/kube-system/pods/"):
 		var p *corev1.Pod
@@ -150,18 +167,31 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		_ = json.NewEncoder(w).Encode(p)
+	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/namespaces/kube-public/configmaps/cluster-info":
+		kc := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority-data: %s\n    server: %s\n  name: \"\"\ncontexts: null\ncurrent-context: \"\"\nusers: null\n",
+			base64.StdEncoding.EncodeToString(a.CAPEM()), a.srv.URL)
+		_ = json.NewEncoder(w).Encode(corev1.ConfigMap{
+			TypeMeta:   metav1.TypeMeta{Kind: "ConfigMap", APIVersion: "v1"},
+			ObjectMeta: metav1.ObjectMeta{Name: "cluster-info", Namespace: "kube-public"},
+			Data:       map[string]string{"kubeconfig": kc},
+		})
 	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/namespaces/kube-system/configmaps/kubeadm-config":
-		if a.clusterVersion == "" {
+		if a.clusterVersion == "" && a.clusterConfig == "" {
 			status(w, http.StatusNotFound, `configmaps "kubeadm-config" not found`)
 			return
+		}
+		cc := a.clusterConfig
+		if cc == "" {
+			cc = fmt.Sprintf("apiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\nkubernetesVersion: %s\nclusterName: kubernetes\n", a.clusterVersion)
 		}
 		cm := corev1.ConfigMap{
 			TypeMeta:   metav1.TypeMeta{Kind: "ConfigMap", APIVersion: "v1"},
 			ObjectMeta: metav1.ObjectMeta{Name: "kubeadm-config", Namespace: "kube-system"},
-			Data: map[string]string{"ClusterConfiguration": fmt.Sprintf(
-				"apiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\nkubernetesVersion: %s\nclusterName: kubernetes\n", a.clusterVersion)},
+			Data:       map[string]string{"ClusterConfiguration": cc},
 		}
 		_ = json.NewEncoder(w).Encode(cm)
+	case storable(r.URL.Path):
+		a.store(w, r)
 	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/api/v1/nodes/"):
 		nd, ok := a.nodes[strings.TrimPrefix(r.URL.Path, "/api/v1/nodes/")]
 		if !ok {
@@ -174,10 +204,142 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func status(w http.ResponseWriter, code int, msg string) {
+// storable: the collections the API stores objects in.
+func storable(p string) bool {
+	for _, c := range []string{
+		"/api/v1/namespaces/kube-system/secrets",
+		"/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/roles",
+		"/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings",
+	} {
+		if p == c || strings.HasPrefix(p, c+"/") && !strings.Contains(strings.TrimPrefix(p, c+"/"), "/") {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *API) store(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
+	if err != nil {
+		status(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	var obj map[string]any
+	name := path.Base(r.URL.Path)
+	switch r.Method {
+	case http.MethodGet:
+		b, ok := a.objects[r.URL.Path]
+		if !ok {
+			status(w, http.StatusNotFound, fmt.Sprintf("%q not found", name))
+			return
+		}
+		_, _ = w.Write(b)
+		return
+	case http.MethodPost, http.MethodPut:
+		// Clients send protobuf or JSON: decode either as the apiserver does.
+		o, _, err := scheme.Codecs.UniversalDeserializer().Decode(body, nil, nil)
+		if err != nil {
+			status(w, http.StatusBadRequest, "body does not decode: "+err.Error())
+			return
+		}
+		js, _ := json.Marshal(o)
+		if err := json.Unmarshal(js, &obj); err != nil {
+			status(w, http.StatusBadRequest, err.Error())
+			return
+		}
+	default:
+		status(w, http.StatusMethodNotAllowed, r.Method+" not served by the test API")
+		return
+	}
+	meta, _ := obj["metadata"].(map[string]any)
+	if meta == nil {
+		meta = map[string]any{}
+		obj["metadata"] = meta
+	}
+	item := r.URL.Path
+	if r.Method == http.MethodPost {
+		n, _ := meta["name"].(string)
+		if n == "" {
+			status(w, http.StatusUnprocessableEntity, "metadata.name is required")
+			return
+		}
+		item = r.URL.Path + "/" + n
+		if _, exists := a.objects[item]; exists {
+			status(w, http.StatusConflict, fmt.Sprintf("%q already exists", n), metav1.StatusReasonAlreadyExists)
+			return
+		}
+		meta["uid"] = fmt.Sprintf("uid-%d", len(a.objects)+1)
+		meta["creationTimestamp"] = time.Now().UTC().Format(time.RFC3339)
+	} else if _, exists := a.objects[item]; !exists {
+		status(w, http.StatusNotFound, fmt.Sprintf("%q not found", name))
+		return
+	} else if meta["uid"] == nil {
+		var old map[string]any
+		_ = json.Unmarshal(a.objects[item], &old)
+		if om, ok := old["metadata"].(map[string]any); ok {
+			meta["uid"] = om["uid"]
+		}
+	}
+	meta["namespace"] = "kube-system"
+	meta["resourceVersion"] = fmt.Sprint(a.requests)
+	b, _ := json.Marshal(obj)
+	a.objects[item] = b
+	if r.Method == http.MethodPost {
+		w.WriteHeader(http.StatusCreated)
+	}
+	_, _ = w.Write(b)
+}
+
+// Object returns a stored object (by item path, e.g.
+// "/api/v1/namespaces/kube-system/secrets/NAME") decoded into out.
+func (a *API) Object(itemPath string, out any) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	b, ok := a.objects[itemPath]
+	if !ok {
+		return false
+	}
+	return json.Unmarshal(b, out) == nil
+}
+
+// ObjectPaths lists the stored objects' item paths.
+func (a *API) ObjectPaths() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]string, 0, len(a.objects))
+	for p := range a.objects {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// SetClusterConfiguration sets the whole ClusterConfiguration document
+// kubeadm-config carries (instead of one built from the cluster version).
+func (a *API) SetClusterConfiguration(doc string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.clusterConfig = doc
+}
+
+// SetNotReady makes /readyz answer 500.
+func (a *API) SetNotReady(notReady bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.notReady = notReady
+}
+
+// Addr is the endpoint's host:port.
+func (a *API) Addr() string { return strings.TrimPrefix(a.srv.URL, "https://") }
+
+func status(w http.ResponseWriter, code int, msg string, reason ...metav1.StatusReason) {
+	st := metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+		Status: "Failure", Message: msg, Code: int32(code)}
+	if len(reason) > 0 {
+		st.Reason = reason[0]
+	}
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
-		Status: "Failure", Message: msg, Code: int32(code)})
+	_ = json.NewEncoder(w).Encode(st)
 }
 
 // StaticPod is a running, ready mirror pod with one container and image.

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 
 	"sigs.k8s.io/yaml"
 )
@@ -56,7 +57,10 @@ func Parse(b []byte) (*Cluster, error) {
 	}
 	for _, k := range []string{"cluster_token", "control_plane_host", "role", "config"} {
 		if v, ok := raw[k]; ok && !isString(v) {
-			return nil, fmt.Errorf("%w: %s must be a string", ErrInvalid, k)
+			if k == "config" {
+				return nil, fmt.Errorf("%w: config must be a YAML string holding the kubeadm documents by key (write config: | and indent them), got %s", ErrInvalid, jsonKind(v))
+			}
+			return nil, fmt.Errorf("%w: %s must be a string, got %s", ErrInvalid, k, jsonKind(v))
 		}
 	}
 	var c Cluster
@@ -102,11 +106,33 @@ func isString(m json.RawMessage) bool {
 	return len(m) > 0 && (m[0] == '"' || bytes.Equal(m, []byte("null")))
 }
 
+// jsonKind names the JSON type of a value, never the value itself.
+func jsonKind(m json.RawMessage) string {
+	m = bytes.TrimSpace(m)
+	if len(m) == 0 {
+		return "nothing"
+	}
+	switch m[0] {
+	case '{':
+		return "a map"
+	case '[':
+		return "a list"
+	case 't', 'f':
+		return "a boolean"
+	}
+	return "a number"
+}
+
+// quoted matches what YAML and JSON errors quote of the input: a value
+// there may be the token, so it is never repeated.
+var quoted = regexp.MustCompile("`[^`]*`")
+
 func firstLine(err error) string {
 	s := err.Error()
 	if i := bytes.IndexByte([]byte(s), '\n'); i >= 0 {
 		s = s[:i]
 	}
+	s = quoted.ReplaceAllString(s, "<value>")
 	if len(s) > 200 {
 		s = s[:200]
 	}

@@ -1,0 +1,86 @@
+package cli
+
+import (
+	"encoding/base64"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+)
+
+func TestJoinConfigUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"join-config"},
+		{"join-config", "--role", "init"},
+		{"join-config", "--role", "worker", "--ttl", "0s"},
+		{"join-config", "--role", "worker", "--ttl", "720h"},
+	} {
+		if code, _, errOut := run(args...); code != reconcile.ExitUsage || errOut == "" {
+			t.Fatalf("%v: exit %d %q", args, code, errOut)
+		}
+	}
+}
+
+// join-config prints the cloud-config on stdout (the secret output, by
+// design) and only the token's public id on stderr.
+func TestJoinConfigPrintsAReadyToPasteSection(t *testing.T) {
+	n := testutil.NewNode(t, "cp1")
+	api := testutil.NewAPI(t, "v1.37.2")
+	n.Write(paths.ClusterFile, "cluster_token: "+pluginToken+"\ncontrol_plane_host: 10.0.0.11\nrole: init\nconfig: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n", 0o600)
+	ca, _ := testutil.ClientCert(t, "kubernetes")
+	n.Write(paths.CACert, string(ca), 0o644)
+	cert, key := testutil.ClientCert(t, "kubernetes-admin")
+	n.Write(paths.AdminConf, fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority-data: %s\n    server: %s\n  name: k\n"+
+		"contexts:\n- context:\n    cluster: k\n    user: a\n  name: a@k\ncurrent-context: a@k\nusers:\n- name: a\n  user:\n    client-certificate-data: %s\n    client-key-data: %s\n",
+		base64.StdEncoding.EncodeToString(api.CAPEM()), api.URL(), base64.StdEncoding.EncodeToString(cert), base64.StdEncoding.EncodeToString(key)), 0o600)
+	code, out, errOut := run("join-config", "--root", n.Root, "--role", "worker", "--ttl", "1h")
+	if code != reconcile.ExitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.HasPrefix(out, "#cloud-config\n") || !strings.Contains(out, "role: worker") || !strings.Contains(out, "caCertHashes:") {
+		t.Fatalf("stdout:\n%s", out)
+	}
+	if !strings.Contains(errOut, "minted join material for a worker: bootstrap token id ") || strings.Contains(errOut, pluginToken) {
+		t.Fatalf("stderr %q", errOut)
+	}
+	// The secret half of the token is on stdout only.
+	i := strings.Index(errOut, "token id ")
+	id := errOut[i+9 : i+15]
+	if !strings.Contains(out, "token: "+id+".") || strings.Contains(errOut, id+".") {
+		t.Fatalf("token id %q", id)
+	}
+}
+
+func TestResetNeedsYes(t *testing.T) {
+	root := t.TempDir()
+	if code, _, errOut := run("reset", "--root", root); code != reconcile.ExitUsage || !strings.Contains(errOut, "--yes") {
+		t.Fatalf("exit %d %q", code, errOut)
+	}
+	if entries, _ := os.ReadDir(root); len(entries) != 0 {
+		t.Fatalf("wrote %v", entries)
+	}
+}
+
+func TestResetCommand(t *testing.T) {
+	n := testutil.NewNode(t, "n1")
+	n.Write(paths.Kubeadm, "#!/bin/sh\nexit 0\n", 0o755)
+	n.Write(paths.KubeletConf, "kubelet\n", 0o600)
+	n.Write(paths.KubeletDir+"/config.yaml", "x\n", 0o600)
+	code, out, errOut := run("reset", "--yes", "--root", n.Root)
+	if code != reconcile.ExitOK || !strings.Contains(out, "Phase:           Reset") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	for _, d := range []string{paths.KubernetesDir, paths.KubeletDir} {
+		if entries, err := os.ReadDir(filepath.Join(n.Root, d)); err != nil || len(entries) != 0 {
+			t.Fatalf("%s: %v %v", d, entries, err)
+		}
+	}
+	if !strings.Contains(n.Read(paths.ReconcileLog), "msg=reset outcome=reset") {
+		t.Fatal("no reset line in the reconcile log")
+	}
+}

@@ -1,0 +1,196 @@
+// Package plugin is the Kairos side of the provider: the go-pluggable events
+// kairos-agent sends to every agent-provider-* binary. agent.boot (sent from
+// the initramfs: no network, no API) validates the cloud-config's cluster:
+// section and renders a yip config whose boot stage writes the cluster file
+// and starts the reconcile unit; it never runs kubeadm. cluster.reset runs
+// the reset. Nothing secret reaches the response, the log field, stdout or
+// stderr: errors name keys, never values.
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+
+	pluggable "github.com/mudler/go-pluggable"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kairos-io/provider-kubernetes/internal/bootstrap"
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
+)
+
+// Events the provider answers, and the name Kairos finds it under.
+const (
+	EventBoot  pluggable.EventType = "agent.boot"
+	EventReset pluggable.EventType = "cluster.reset"
+	BinaryName                     = "agent-provider-kubernetes"
+)
+
+// MaxEventSize bounds the event read from stdin or from its file.
+const MaxEventSize = 8 << 20
+
+// IsEvent reports whether s names an event the provider handles.
+func IsEvent(s string) bool {
+	return s == string(EventBoot) || s == string(EventReset)
+}
+
+// Options configure the plugin.
+type Options struct {
+	Root paths.Root
+	// Reset runs the node reset for cluster.reset, logging to log.
+	Reset func(ctx context.Context, log io.Writer) (status.Document, error)
+}
+
+// Serve answers one event: the event JSON on stdin, the response on stdout.
+// The go-pluggable factory runs the handler and puts what it prints into
+// the response's log field. A protocol failure (unreadable event) is
+// returned after an error response is written.
+func Serve(ctx context.Context, o Options, event string, stdin io.Reader, stdout io.Writer) error {
+	ev, err := readEvent(stdin)
+	if err != nil {
+		writeError(stdout, err)
+		return err
+	}
+	js, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	f := pluggable.NewPluginFactory(
+		pluggable.FactoryPlugin{EventType: EventBoot, PluginHandler: func(e *pluggable.Event) pluggable.EventResponse { return o.onBoot(e) }},
+		pluggable.FactoryPlugin{EventType: EventReset, PluginHandler: func(e *pluggable.Event) pluggable.EventResponse { return o.onReset(ctx, e) }},
+	)
+	return f.Run(pluggable.EventType(event), bytes.NewReader(js), stdout)
+}
+
+// readEvent reads the event, and its data from the file kairos-agent
+// writes when the data is over 8 KiB: bounded, never through a symlink.
+func readEvent(r io.Reader) (pluggable.Event, error) {
+	var ev pluggable.Event
+	b, err := io.ReadAll(io.LimitReader(r, MaxEventSize+1))
+	if err != nil {
+		return ev, fmt.Errorf("read the event: %w", err)
+	}
+	if len(b) > MaxEventSize {
+		return ev, fmt.Errorf("the event is over %d bytes", MaxEventSize)
+	}
+	if err := json.Unmarshal(b, &ev); err != nil {
+		return ev, fmt.Errorf("the event is not go-pluggable JSON: %v", err)
+	}
+	if ev.File != "" {
+		if !filepath.IsAbs(ev.File) {
+			return ev, fmt.Errorf("the event's data file %q is not an absolute path", ev.File)
+		}
+		data, err := fsutil.ReadFileNoFollow(ev.File, MaxEventSize)
+		if err != nil {
+			return ev, fmt.Errorf("read the event's data file: %w", err)
+		}
+		ev.Data, ev.File = string(data), ""
+	}
+	return ev, nil
+}
+
+func writeError(w io.Writer, err error) {
+	b, _ := json.Marshal(pluggable.EventResponse{Error: err.Error()})
+	_, _ = w.Write(b)
+}
+
+// bootPayload is agent.boot's data: the merged cloud-config.
+type bootPayload struct {
+	Config string `json:"config"`
+}
+
+func (o *Options) onBoot(e *pluggable.Event) pluggable.EventResponse {
+	var p bootPayload
+	if err := json.Unmarshal([]byte(e.Data), &p); err != nil {
+		return fail("agent.boot: the event data is not {\"config\": \"<cloud-config>\"}: %v", err)
+	}
+	var cc map[string]json.RawMessage
+	if err := yaml.Unmarshal([]byte(p.Config), &cc); err != nil {
+		return fail("agent.boot: the cloud-config is not YAML: %s", redact(err))
+	}
+	raw, ok := cc["cluster"]
+	if !ok || string(raw) == "null" {
+		fmt.Println("provider-kubernetes: no cluster: section in the cloud-config: nothing to do")
+		return pluggable.EventResponse{}
+	}
+	if !bytes.HasPrefix(bytes.TrimSpace(raw), []byte("{")) {
+		return fail("agent.boot: cluster: must be a map of the cluster keys")
+	}
+	section, err := yaml.JSONToYAML(raw)
+	if err != nil {
+		return fail("agent.boot: cluster: %s", redact(err))
+	}
+	c, err := clusterconfig.Parse(section)
+	if err != nil {
+		return fail("agent.boot: cluster: %v", err)
+	}
+	if _, err := c.Validate(); err != nil {
+		return fail("agent.boot: cluster: %v", err)
+	}
+	// What the bootstrap step will render must render: a role conflict or a
+	// bad secret fails the boot step now, not at the reconcile.
+	if c.Role == clusterconfig.RoleInit {
+		_, err = bootstrap.RenderInit(c)
+	} else {
+		_, err = bootstrap.RenderJoin(c)
+		if errors.Is(err, bootstrap.ErrNoCAPin) {
+			// A member needs no join material: warn, the join step refuses if it must join.
+			fmt.Println("provider-kubernetes: warning: no CA pin (joinConfiguration.discovery.bootstrapToken.caCertHashes or cluster.ca_certs): a node that is not yet a member will refuse to join")
+			err = nil
+		}
+	}
+	if err != nil {
+		return fail("agent.boot: cluster: %v", err)
+	}
+	y, err := Render(section)
+	if err != nil {
+		return fail("agent.boot: render: %v", err)
+	}
+	file := o.Root.Path(paths.ClusterYipFile)
+	if err := fsutil.MkdirAllMode(filepath.Dir(file), 0o755); err != nil {
+		return fail("agent.boot: %s: %v", paths.CloudConfigDir, err)
+	}
+	if err := fsutil.WriteFileAtomic(file, y, 0o600); err != nil {
+		return fail("agent.boot: write %s: %v", paths.ClusterYipFile, err)
+	}
+	fmt.Printf("provider-kubernetes: cluster section valid (role %s, control_plane_host %s); wrote %s: its boot stage writes %s and starts %s\n",
+		c.Role, c.ControlPlaneHost, paths.ClusterYipFile, paths.ClusterFile, paths.ReconcileUnit)
+	return pluggable.EventResponse{}
+}
+
+func (o *Options) onReset(ctx context.Context, _ *pluggable.Event) pluggable.EventResponse {
+	if o.Reset == nil {
+		return fail("cluster.reset: this build cannot reset")
+	}
+	// The factory captures os.Stderr into the response's log field.
+	doc, err := o.Reset(ctx, os.Stderr)
+	if err != nil {
+		return pluggable.EventResponse{State: doc.Phase, Error: fmt.Sprintf("cluster.reset: %s: %s", doc.Reason, doc.Message)}
+	}
+	return pluggable.EventResponse{State: doc.Phase}
+}
+
+func fail(format string, a ...any) pluggable.EventResponse {
+	return pluggable.EventResponse{Error: runner.Sanitize(fmt.Sprintf(format, a...), 2000)}
+}
+
+var backquoted = regexp.MustCompile("`[^`]*`")
+
+// redact keeps the first line of a YAML error without the input it quotes.
+func redact(err error) string {
+	s := err.Error()
+	if i := bytes.IndexByte([]byte(s), '\n'); i >= 0 {
+		s = s[:i]
+	}
+	return backquoted.ReplaceAllString(s, "<value>")
+}

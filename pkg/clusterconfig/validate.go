@@ -1,0 +1,378 @@
+package clusterconfig
+
+import (
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// Token strength: the cluster token is the root secret every bootstrap
+// token and certificate key is derived from, so it must carry real entropy.
+const (
+	MinTokenLength   = 20
+	MinTokenDistinct = 10
+)
+
+// Bootstrap token lifetimes the provider accepts: bounded, never "forever".
+const (
+	DefaultTokenTTL = 24 * time.Hour
+	MaxTokenTTL     = 7 * 24 * time.Hour
+)
+
+// Roles, as the Kairos cluster section names them.
+const (
+	RoleInit         = "init"
+	RoleControlPlane = "controlplane"
+	RoleWorker       = "worker"
+)
+
+// DefaultAPIPort is the port used when control_plane_host names none.
+const DefaultAPIPort = "6443"
+
+var (
+	bootstrapTokenRE = regexp.MustCompile(`^[a-z0-9]{6}\.[a-z0-9]{16}$`)
+	caHashRE         = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+	certKeyRE        = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+// ValidBootstrapToken reports whether s has kubeadm's bootstrap token form.
+func ValidBootstrapToken(s string) bool { return bootstrapTokenRE.MatchString(s) }
+
+// ValidCAHash reports whether s is "sha256:" and 64 lowercase hex digits.
+func ValidCAHash(s string) bool { return caHashRE.MatchString(s) }
+
+// ValidCertificateKey reports whether s is 32 bytes in lowercase hex (AES-256).
+func ValidCertificateKey(s string) bool { return certKeyRE.MatchString(s) }
+
+// documents: key in the config string → the apiVersion and kind kubeadm expects.
+var documents = []struct{ key, apiVersion, kind string }{
+	{"initConfiguration", "kubeadm.k8s.io/v1beta4", "InitConfiguration"},
+	{"clusterConfiguration", "kubeadm.k8s.io/v1beta4", "ClusterConfiguration"},
+	{"joinConfiguration", "kubeadm.k8s.io/v1beta4", "JoinConfiguration"},
+	{"upgradeConfiguration", "kubeadm.k8s.io/v1beta4", "UpgradeConfiguration"},
+	{"kubeletConfiguration", "kubelet.config.k8s.io/v1beta1", "KubeletConfiguration"},
+	{"kubeProxyConfiguration", "kubeproxy.config.k8s.io/v1alpha1", "KubeProxyConfiguration"},
+}
+
+// TypeMeta returns the apiVersion and kind of the document under key.
+func TypeMeta(key string) (apiVersion, kind string) {
+	for _, d := range documents {
+		if d.key == key {
+			return d.apiVersion, d.kind
+		}
+	}
+	return "", ""
+}
+
+// Documents returns each document of the config string by key.
+func (k *Kubeadm) Documents() map[string]map[string]any {
+	return map[string]map[string]any{
+		"initConfiguration":      k.InitConfiguration,
+		"clusterConfiguration":   k.ClusterConfiguration,
+		"joinConfiguration":      k.JoinConfiguration,
+		"upgradeConfiguration":   k.UpgradeConfiguration,
+		"kubeletConfiguration":   k.KubeletConfiguration,
+		"kubeProxyConfiguration": k.KubeProxyConfiguration,
+	}
+}
+
+// Validate checks everything about a cluster section that can be checked
+// without the node, the network or the API: the keys the provider needs,
+// the token's strength, the endpoint, and the kubeadm documents in config.
+// The first problem is returned, naming its key and never quoting a secret.
+// It returns the parsed config string on success.
+func (c *Cluster) Validate() (*Kubeadm, error) {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
+	}
+	switch c.Role {
+	case "":
+		return nil, bad("role is missing: set role: init, controlplane or worker")
+	case RoleInit, RoleControlPlane, RoleWorker:
+	default:
+		return nil, bad("role %q is not init, controlplane or worker", clip(c.Role))
+	}
+	if err := TokenStrength(c.ClusterToken); err != nil {
+		return nil, err
+	}
+	if c.ControlPlaneHost == "" {
+		return nil, bad("control_plane_host is missing: set the address (host or host:port) every node reaches the API at")
+	}
+	if _, err := Endpoint(c.ControlPlaneHost); err != nil {
+		return nil, bad("control_plane_host: %v", err)
+	}
+	for i, pemText := range c.CACerts {
+		if _, err := CertHashes(pemText); err != nil {
+			return nil, bad("ca_certs[%d]: %v", i, err)
+		}
+	}
+	k, err := c.Kubeadm()
+	if err != nil {
+		return nil, err
+	}
+	if err := k.validate(); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// TokenStrength refuses a cluster token too weak to derive secrets from.
+func TokenStrength(tok string) error {
+	if tok == "" {
+		return fmt.Errorf("%w: cluster_token is missing: set a random secret of at least %d characters (e.g. openssl rand -hex 24)", ErrInvalid, MinTokenLength)
+	}
+	if strings.TrimSpace(tok) != tok || strings.ContainsAny(tok, "\n\r\t") {
+		return fmt.Errorf("%w: cluster_token has leading, trailing or embedded whitespace", ErrInvalid)
+	}
+	if len(tok) < MinTokenLength {
+		return fmt.Errorf("%w: cluster_token is too short (%d characters, at least %d): use a random secret (e.g. openssl rand -hex 24)", ErrInvalid, len(tok), MinTokenLength)
+	}
+	distinct := map[rune]bool{}
+	for _, r := range tok {
+		distinct[r] = true
+	}
+	if len(distinct) < MinTokenDistinct {
+		return fmt.Errorf("%w: cluster_token is too repetitive (%d distinct characters, at least %d): use a random secret (e.g. openssl rand -hex 24)", ErrInvalid, len(distinct), MinTokenDistinct)
+	}
+	return nil
+}
+
+// Endpoint turns a host or host:port (IPv6 in brackets with a port) into
+// host:port, adding the default API port. A missing host, a scheme, a path
+// or a bad port is an error.
+func Endpoint(s string) (string, error) {
+	if strings.Contains(s, "://") || strings.ContainsAny(s, "/ \t\n") {
+		return "", fmt.Errorf("%q is not a host or host:port (no scheme, no path)", clip(s))
+	}
+	host, port := s, DefaultAPIPort
+	if h, p, err := net.SplitHostPort(s); err == nil {
+		host, port = h, p
+	} else if strings.Count(s, ":") > 1 && net.ParseIP(strings.Trim(s, "[]")) != nil {
+		host = strings.Trim(s, "[]") // a bare IPv6 address
+	} else if strings.Contains(s, ":") {
+		return "", fmt.Errorf("%q is not a host or host:port: %v", clip(s), err)
+	}
+	if host == "" {
+		return "", fmt.Errorf("%q has no host", clip(s))
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return "", fmt.Errorf("%q: port %q is not 1-65535", clip(s), clip(port))
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// CertHashes returns kubeadm's CA pin ("sha256:" + hex of the SPKI) of every
+// certificate in a PEM text.
+func CertHashes(pemText string) ([]string, error) {
+	var out []string
+	rest := []byte(pemText)
+	for {
+		var blk *pem.Block
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		cert, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("certificate %d does not parse: %v", len(out)+1, err)
+		}
+		out = append(out, SPKIHash(cert))
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no PEM CERTIFICATE block")
+	}
+	return out, nil
+}
+
+// SPKIHash is kubeadm's public key pin of a certificate.
+func SPKIHash(cert *x509.Certificate) string {
+	sum := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func (k *Kubeadm) validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: config: %s", ErrInvalid, fmt.Sprintf(format, a...))
+	}
+	docs := k.Documents()
+	for _, d := range documents {
+		doc := docs[d.key]
+		if doc == nil {
+			continue
+		}
+		if v, ok := doc["apiVersion"]; ok && v != d.apiVersion {
+			return bad("%s.apiVersion must be %s (or left out)", d.key, d.apiVersion)
+		}
+		if v, ok := doc["kind"]; ok && v != d.kind {
+			return bad("%s.kind must be %s (or left out)", d.key, d.kind)
+		}
+	}
+	pin, err := k.Pin()
+	if err != nil {
+		return err
+	}
+	if pin == "" {
+		return bad("clusterConfiguration.kubernetesVersion is missing: pin an exact version such as v1.37.2")
+	}
+	if _, err := version.Parse(pin); err != nil {
+		return bad("clusterConfiguration.kubernetesVersion %q is not an exact vMAJOR.MINOR.PATCH release", clip(pin))
+	}
+	if v, ok := k.ClusterConfiguration["controlPlaneEndpoint"]; ok {
+		s, isStr := v.(string)
+		if !isStr {
+			return bad("clusterConfiguration.controlPlaneEndpoint must be a string")
+		}
+		if _, err := Endpoint(s); err != nil {
+			return bad("clusterConfiguration.controlPlaneEndpoint: %v", err)
+		}
+	}
+
+	// initConfiguration: explicit bootstrap tokens and certificate key.
+	if raw, ok := k.InitConfiguration["bootstrapTokens"]; ok {
+		list, isList := raw.([]any)
+		if !isList {
+			return bad("initConfiguration.bootstrapTokens must be a list")
+		}
+		for i, item := range list {
+			m, isMap := item.(map[string]any)
+			if !isMap {
+				return bad("initConfiguration.bootstrapTokens[%d] must be a map", i)
+			}
+			if err := checkToken(m["token"], fmt.Sprintf("initConfiguration.bootstrapTokens[%d].token", i), true); err != nil {
+				return bad("%v", err)
+			}
+			if err := checkTTL(m["ttl"], fmt.Sprintf("initConfiguration.bootstrapTokens[%d].ttl", i)); err != nil {
+				return bad("%v", err)
+			}
+			if _, ok := m["expires"]; ok {
+				return bad("initConfiguration.bootstrapTokens[%d].expires is not supported: use ttl (at most %s)", i, MaxTokenTTL)
+			}
+		}
+	}
+	if err := checkCertKey(k.InitConfiguration["certificateKey"], "initConfiguration.certificateKey"); err != nil {
+		return bad("%v", err)
+	}
+
+	// joinConfiguration: discovery always pins the CA.
+	if jc := k.JoinConfiguration; jc != nil {
+		if v, ok := jc["discovery"]; ok {
+			disc, isMap := v.(map[string]any)
+			if !isMap {
+				return bad("joinConfiguration.discovery must be a map")
+			}
+			if _, ok := disc["file"]; ok {
+				return bad("joinConfiguration.discovery.file is not supported: the provider joins with bootstrap token discovery pinned by caCertHashes")
+			}
+			if err := checkToken(disc["tlsBootstrapToken"], "joinConfiguration.discovery.tlsBootstrapToken", false); err != nil {
+				return bad("%v", err)
+			}
+			if v, ok := disc["bootstrapToken"]; ok {
+				bt, isMap := v.(map[string]any)
+				if !isMap {
+					return bad("joinConfiguration.discovery.bootstrapToken must be a map")
+				}
+				if skip, ok := bt["unsafeSkipCAVerification"]; ok && skip != false {
+					return bad("joinConfiguration.discovery.bootstrapToken.unsafeSkipCAVerification must not be set: the provider never joins without pinning the cluster CA")
+				}
+				if err := checkToken(bt["token"], "joinConfiguration.discovery.bootstrapToken.token", false); err != nil {
+					return bad("%v", err)
+				}
+				if ep, ok := bt["apiServerEndpoint"]; ok {
+					s, isStr := ep.(string)
+					if !isStr {
+						return bad("joinConfiguration.discovery.bootstrapToken.apiServerEndpoint must be a string")
+					}
+					if _, err := Endpoint(s); err != nil {
+						return bad("joinConfiguration.discovery.bootstrapToken.apiServerEndpoint: %v", err)
+					}
+				}
+				if hs, ok := bt["caCertHashes"]; ok {
+					list, isList := hs.([]any)
+					if !isList {
+						return bad("joinConfiguration.discovery.bootstrapToken.caCertHashes must be a list")
+					}
+					for i, h := range list {
+						s, isStr := h.(string)
+						if !isStr || !ValidCAHash(s) {
+							return bad("joinConfiguration.discovery.bootstrapToken.caCertHashes[%d] is not sha256:<64 lowercase hex digits>", i)
+						}
+					}
+				}
+			}
+		}
+		if v, ok := jc["controlPlane"]; ok && v != nil {
+			cp, isMap := v.(map[string]any)
+			if !isMap {
+				return bad("joinConfiguration.controlPlane must be a map")
+			}
+			if err := checkCertKey(cp["certificateKey"], "joinConfiguration.controlPlane.certificateKey"); err != nil {
+				return bad("%v", err)
+			}
+		}
+	}
+	return nil
+}
+
+func checkToken(v any, key string, required bool) error {
+	if v == nil {
+		if required {
+			return fmt.Errorf("%s is missing", key)
+		}
+		return nil
+	}
+	s, ok := v.(string)
+	if !ok || !ValidBootstrapToken(s) {
+		return fmt.Errorf("%s is not a bootstrap token ([a-z0-9]{6}.[a-z0-9]{16})", key)
+	}
+	return nil
+}
+
+func checkTTL(v any, key string) error {
+	if v == nil {
+		return nil
+	}
+	s, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("%s must be a duration string such as 24h", key)
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("%s %q is not a duration such as 24h", key, clip(s))
+	}
+	if d <= 0 || d > MaxTokenTTL {
+		return fmt.Errorf("%s %s is not bounded: want more than 0 and at most %s", key, d, MaxTokenTTL)
+	}
+	return nil
+}
+
+func checkCertKey(v any, key string) error {
+	if v == nil {
+		return nil
+	}
+	s, ok := v.(string)
+	if !ok || !ValidCertificateKey(s) {
+		return fmt.Errorf("%s is not 64 lowercase hex digits", key)
+	}
+	return nil
+}
+
+// clip bounds a non-secret value quoted in an error.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}

@@ -1,0 +1,174 @@
+package clusterconfig
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"strings"
+	"testing"
+	"time"
+)
+
+const secretToken = "Zq8-r4Nd0m-cluster-T0ken-9f3a"
+
+func section(role, host, config string) string {
+	s := "cluster_token: " + secretToken + "\n"
+	if host != "" {
+		s += "control_plane_host: " + host + "\n"
+	}
+	if role != "" {
+		s += "role: " + role + "\n"
+	}
+	return s + config
+}
+
+const goodConfig = "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n"
+
+func validate(t *testing.T, in string) error {
+	t.Helper()
+	c, err := Parse([]byte(in))
+	if err != nil {
+		return err
+	}
+	_, err = c.Validate()
+	return err
+}
+
+func TestValidateGood(t *testing.T) {
+	for name, in := range map[string]string{
+		"init":             section("init", "10.0.0.11", goodConfig),
+		"worker with port": section("worker", "cp.example.com:7443", goodConfig),
+		"ipv6":             section("controlplane", `"[fd00::1]:6443"`, goodConfig),
+		"bare ipv6":        section("controlplane", "fd00::1", goodConfig),
+		"explicit material": section("controlplane", "10.0.0.11", `config: |
+  clusterConfiguration:
+    apiVersion: kubeadm.k8s.io/v1beta4
+    kind: ClusterConfiguration
+    kubernetesVersion: v1.37.2
+    controlPlaneEndpoint: lb.example.com:6443
+  initConfiguration:
+    bootstrapTokens:
+    - token: abcdef.0123456789abcdef
+      ttl: 2h
+    certificateKey: `+strings.Repeat("ab", 32)+`
+  joinConfiguration:
+    discovery:
+      bootstrapToken:
+        token: abcdef.0123456789abcdef
+        apiServerEndpoint: lb.example.com:6443
+        caCertHashes: [sha256:`+strings.Repeat("0f", 32)+`]
+    controlPlane:
+      certificateKey: `+strings.Repeat("cd", 32)+`
+  kubeletConfiguration:
+    failCgroupV1: false
+`),
+	} {
+		t.Run(name, func(t *testing.T) {
+			if err := validate(t, in); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// Each bad section gives one error that names its key, and never the token.
+func TestValidateBad(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"missing role", section("", "10.0.0.11", goodConfig), "role is missing"},
+		{"unknown role", section("master", "10.0.0.11", goodConfig), `role "master" is not init, controlplane or worker`},
+		{"missing token", "role: init\ncontrol_plane_host: 10.0.0.11\n" + goodConfig, "cluster_token is missing"},
+		{"short token", strings.Replace(section("init", "10.0.0.11", goodConfig), secretToken, "abc123", 1), "cluster_token is too short (6 characters"},
+		{"repetitive token", strings.Replace(section("init", "10.0.0.11", goodConfig), secretToken, strings.Repeat("ab", 20), 1), "cluster_token is too repetitive"},
+		{"config as a map", section("init", "10.0.0.11", "config:\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n"), "config must be a YAML string holding the kubeadm documents by key (write config: | and indent them), got a map"},
+		{"missing host", section("worker", "", goodConfig), "control_plane_host is missing"},
+		{"endpoint without a host", section("worker", ":6443", goodConfig), `control_plane_host: ":6443" has no host`},
+		{"endpoint with a scheme", section("worker", "https://cp:6443", goodConfig), "control_plane_host: \"https://cp:6443\" is not a host or host:port"},
+		{"endpoint bad port", section("worker", "cp:99999", goodConfig), "port \"99999\" is not 1-65535"},
+		{"cluster endpoint without a host", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n    controlPlaneEndpoint: \":6443\"\n"), "clusterConfiguration.controlPlaneEndpoint: \":6443\" has no host"},
+		{"invalid yaml", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n   bad: [\n"), "config: "},
+		{"unknown document", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n  initConfig:\n    a: 1\n"), `unknown field "initConfig"`},
+		{"missing pin", section("init", "10.0.0.11", "config: |\n  initConfiguration: {}\n"), "clusterConfiguration.kubernetesVersion is missing"},
+		{"bad pin", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: stable\n"), `kubernetesVersion "stable" is not an exact`},
+		{"wrong apiVersion", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    apiVersion: kubeadm.k8s.io/v1beta3\n    kubernetesVersion: v1.37.2\n"), "clusterConfiguration.apiVersion must be kubeadm.k8s.io/v1beta4"},
+		{"wrong kind", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n  initConfiguration:\n    kind: JoinConfiguration\n"), "initConfiguration.kind must be InitConfiguration"},
+		{"unsafe skip", section("worker", "10.0.0.11", goodConfig+"  joinConfiguration:\n    discovery:\n      bootstrapToken:\n        unsafeSkipCAVerification: true\n"), "unsafeSkipCAVerification must not be set"},
+		{"file discovery", section("worker", "10.0.0.11", goodConfig+"  joinConfiguration:\n    discovery:\n      file:\n        kubeConfigPath: /x\n"), "discovery.file is not supported"},
+		{"bad hash", section("worker", "10.0.0.11", goodConfig+"  joinConfiguration:\n    discovery:\n      bootstrapToken:\n        caCertHashes: [sha256:zz]\n"), "caCertHashes[0] is not sha256:"},
+		{"bad join token", section("worker", "10.0.0.11", goodConfig+"  joinConfiguration:\n    discovery:\n      bootstrapToken:\n        token: "+secretToken+"\n"), "bootstrapToken.token is not a bootstrap token"},
+		{"unbounded ttl", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    bootstrapTokens:\n    - token: abcdef.0123456789abcdef\n      ttl: 0s\n"), "ttl 0s is not bounded"},
+		{"long ttl", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    bootstrapTokens:\n    - token: abcdef.0123456789abcdef\n      ttl: 720h\n"), "ttl 720h0m0s is not bounded"},
+		{"token without token", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    bootstrapTokens:\n    - ttl: 1h\n"), "bootstrapTokens[0].token is missing"},
+		{"bad certificate key", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    certificateKey: "+secretToken+"\n"), "initConfiguration.certificateKey is not 64 lowercase hex digits"},
+		{"bad ca_certs", section("worker", "10.0.0.11", goodConfig+"ca_certs:\n- not a certificate\n"), "ca_certs[0]: no PEM CERTIFICATE block"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := validate(t, tc.in)
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("want ErrInvalid, got %v", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not say %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), secretToken) || strings.Contains(err.Error(), "0123456789abcdef") {
+				t.Fatalf("error quotes a secret: %q", err)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("error is not one line: %q", err)
+			}
+		})
+	}
+}
+
+func TestEndpoint(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.0.0.11":          "10.0.0.11:6443",
+		"10.0.0.11:7443":     "10.0.0.11:7443",
+		"cp.example.com":     "cp.example.com:6443",
+		"fd00::1":            "[fd00::1]:6443",
+		"[fd00::1]":          "[fd00::1]:6443",
+		"[fd00::1]:443":      "[fd00::1]:443",
+		"cp.example.com:443": "cp.example.com:443",
+	} {
+		got, err := Endpoint(in)
+		if err != nil || got != want {
+			t.Errorf("Endpoint(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", ":6443", "cp:", "cp:0", "https://cp", "cp/x", "a:b:c"} {
+		if got, err := Endpoint(in); err == nil {
+			t.Errorf("Endpoint(%q) = %q, want an error", in, got)
+		}
+	}
+}
+
+// The CA pin is what kubeadm computes: sha256 over the DER SubjectPublicKeyInfo.
+func TestCertHashes(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubernetes"},
+		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spki, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(spki)
+	want := "sha256:" + hex.EncodeToString(sum[:])
+	p := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	got, err := CertHashes("junk before\n" + p + p)
+	if err != nil || len(got) != 2 || got[0] != want || !ValidCAHash(got[0]) {
+		t.Fatalf("%v %v, want 2x %s", got, err, want)
+	}
+}
