@@ -20,6 +20,8 @@ const (
 	Kubeadm   = "/usr/bin/kubeadm"
 	Kubelet   = "/usr/bin/kubelet"
 	Systemctl = "/usr/bin/systemctl"
+	Etcdctl   = "/usr/bin/etcdctl"
+	Etcdutl   = "/usr/bin/etcdutl"
 
 	KubernetesDir     = "/etc/kubernetes"
 	KubeletConf       = KubernetesDir + "/kubelet.conf"

@@ -1,0 +1,584 @@
+// Package etcdsnap takes the provider's pre-upgrade etcd snapshot: on the
+// control plane that runs kubeadm upgrade apply, with stacked etcd, one
+// snapshot per etcd cluster and target minor, written with the bundled
+// etcdctl only onto ext4/xfs directly on dm-crypt (internal/cryptgate),
+// verified with etcdutl's snapshot status before it counts. It never fails
+// the upgrade: every attempt ends in one Outcome and one log line.
+package etcdsnap
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/cryptgate"
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// Outcome is how an attempt ended; the strings are the documented contract.
+type Outcome string
+
+// Outcomes.
+const (
+	Taken                        Outcome = "taken"
+	SkippedAlreadyTaken          Outcome = "skipped-already-taken"
+	SkippedEncryptionUnconfirmed Outcome = "skipped-encryption-unconfirmed"
+	SkippedExternalEtcd          Outcome = "skipped-external-etcd"
+	SkippedEtcdctlMissing        Outcome = "skipped-etcdctl-missing"
+	SkippedInsufficientSpace     Outcome = "skipped-insufficient-space"
+	Failed                       Outcome = "failed"
+)
+
+// Log events (the constant message of each line).
+const (
+	Event               = "etcd-snapshot"
+	EventVersionWarning = "etcd-version-warning"
+)
+
+// Bounds.
+const (
+	DefaultTotal   = 2 * time.Minute  // the whole attempt
+	DefaultRequest = 10 * time.Second // one etcd client request
+	SpaceMargin    = 1 << 30          // free space needed beyond twice the database
+	maxReason      = 300
+)
+
+// Options configure an attempt.
+type Options struct {
+	Root   paths.Root
+	Runner runner.Runner // runs /usr/bin/etcdctl
+	Log    *slog.Logger
+	// FS is the stat/statfs seam of the encryption gate; nil is the kernel's.
+	FS  cryptgate.FS
+	Now func() time.Time
+	// Total bounds the attempt (DefaultTotal); Request one client request.
+	Total, Request time.Duration
+}
+
+// Result is what an attempt did.
+type Result struct {
+	Outcome Outcome
+	Path    string // host path of the snapshot (taken, skipped-already-taken)
+	// Reason says why it was skipped or failed: one sanitized, bounded line.
+	Reason string
+	// Warnings are etcd-version-warning messages for the status document.
+	Warnings []string
+
+	ClusterID uint64
+	DBSize    int64
+	Revision  int64
+	Keys      int
+	Hash      uint32
+	Pruned    int
+}
+
+// Take runs one attempt for target and logs its one line. It never blocks
+// longer than Options.Total and never panics out.
+func Take(ctx context.Context, o Options, target version.Version) (res Result) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.FS == nil {
+		o.FS = cryptgate.RealFS{}
+	}
+	if o.Total <= 0 {
+		o.Total = DefaultTotal
+	}
+	if o.Request <= 0 {
+		o.Request = DefaultRequest
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.Total)
+	defer cancel()
+	a := &attempt{o: o, target: target}
+	defer func() {
+		if r := recover(); r != nil {
+			res = Result{Outcome: Failed, Reason: fmt.Sprintf("internal error: %v", r)}
+		}
+		a.close()
+		res.Reason = runner.Sanitize(res.Reason, maxReason)
+		a.logLine(res)
+	}()
+	res = a.run(ctx)
+	res.Warnings = a.warnings
+	return res
+}
+
+func (a *attempt) logLine(res Result) {
+	attrs := []any{"outcome", string(res.Outcome), "target", a.target.String()}
+	level := slog.LevelWarn
+	switch res.Outcome {
+	case Taken:
+		level = slog.LevelInfo
+		attrs = append(attrs, "path", res.Path, "cluster_id", fmt.Sprintf("%016x", res.ClusterID), "db_size", res.DBSize,
+			"revision", res.Revision, "keys", res.Keys, "hash", fmt.Sprintf("%08x", res.Hash), "pruned", res.Pruned)
+	case SkippedAlreadyTaken:
+		level = slog.LevelInfo
+		attrs = append(attrs, "path", res.Path)
+	case Failed:
+		attrs = append(attrs, "reason", res.Reason)
+	default:
+		if res.Reason != "" {
+			attrs = append(attrs, "detail", res.Reason)
+		}
+	}
+	a.o.Log.Log(context.Background(), level, Event, attrs...)
+}
+
+type attempt struct {
+	o        Options
+	target   version.Version
+	ep       Endpoint
+	cli      *clientv3.Client
+	warnings []string
+	lockFD   int
+	locked   bool
+}
+
+func (a *attempt) close() {
+	if a.cli != nil {
+		_ = a.cli.Close()
+		a.cli = nil
+	}
+	if a.locked {
+		_ = unix.Close(a.lockFD)
+		a.locked = false
+	}
+}
+
+func failed(format string, args ...any) Result {
+	return Result{Outcome: Failed, Reason: fmt.Sprintf(format, args...)}
+}
+
+func (a *attempt) run(ctx context.Context) Result {
+	root := a.o.Root
+	b, err := fsutil.ReadFileNoFollow(root.Path(paths.EtcdManifest), 1<<20)
+	if errors.Is(err, os.ErrNotExist) {
+		return Result{Outcome: SkippedExternalEtcd, Reason: paths.EtcdManifest + " does not exist: no stacked etcd on this node"}
+	}
+	if err != nil {
+		return failed("read %s: %s", paths.EtcdManifest, bare(err))
+	}
+	if a.ep, err = ParseManifest(b); err != nil {
+		return failed("%v", err)
+	}
+
+	// The version warning does not depend on the snapshot being possible.
+	a.checkMemberVersions(ctx)
+
+	if st, err := os.Stat(root.Path(paths.Etcdctl)); errors.Is(err, os.ErrNotExist) {
+		return Result{Outcome: SkippedEtcdctlMissing, Reason: paths.Etcdctl + " is not in this image"}
+	} else if err != nil {
+		return failed("stat %s: %s", paths.Etcdctl, bare(err))
+	} else if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return Result{Outcome: SkippedEtcdctlMissing, Reason: paths.Etcdctl + " is not an executable file"}
+	}
+
+	v, res, ok := a.gateAndPrepare()
+	if !ok {
+		return res
+	}
+
+	cli, err := a.client(ctx)
+	if err != nil {
+		return failed("%v", err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, a.o.Request)
+	st, err := cli.Status(rctx, a.ep.URL)
+	cancel()
+	if err != nil {
+		return failed("etcd status at %s: %v", a.ep.URL, err)
+	}
+	clusterID, dbSize := st.Header.ClusterId, st.DbSize
+	dir := paths.EtcdBackupDir
+	if existing := a.existing(clusterID); existing != "" {
+		return Result{Outcome: SkippedAlreadyTaken, Path: filepath.Join(dir, existing), ClusterID: clusterID, DBSize: dbSize}
+	}
+
+	var sf unix.Statfs_t
+	if err := unix.Statfs(root.Path(dir), &sf); err != nil {
+		return failed("statfs %s: %v", dir, err)
+	}
+	free := int64(sf.Bavail) * int64(sf.Bsize)
+	if need := 2*dbSize + SpaceMargin; free < need {
+		return Result{Outcome: SkippedInsufficientSpace, ClusterID: clusterID, DBSize: dbSize,
+			Reason: fmt.Sprintf("%d bytes free on %s, %d needed (2 x database %d + 1 GiB)", free, dir, need, dbSize)}
+	}
+
+	if err := a.lock(); err != nil {
+		return failed("%v", err)
+	}
+	a.removeStale()
+	res = a.save(ctx, v, clusterID)
+	res.ClusterID, res.DBSize = clusterID, dbSize
+	return res
+}
+
+// gateAndPrepare confirms the backup directory is on encrypted storage,
+// creating it (0700 root:root) only after its parent was confirmed.
+func (a *attempt) gateAndPrepare() (cryptgate.Verdict, Result, bool) {
+	root, dir := a.o.Root, paths.EtcdBackupDir
+	forbidden := []string{paths.KubernetesDir, paths.EtcdDir}
+	if a.ep.DataDir != paths.EtcdDir {
+		forbidden = append(forbidden, a.ep.DataDir)
+	}
+	unconfirmed := func(v cryptgate.Verdict) (cryptgate.Verdict, Result, bool) {
+		return v, Result{Outcome: SkippedEncryptionUnconfirmed, Reason: v.Reason}, false
+	}
+	f := cryptgate.Gather(root, dir, forbidden, a.o.FS)
+	if f.Missing == dir {
+		pv := cryptgate.Check(root, filepath.Dir(dir), forbidden, a.o.FS)
+		if !pv.Confirmed {
+			return unconfirmed(pv)
+		}
+		if err := os.Mkdir(root.Path(dir), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return pv, failed("create %s: %s", dir, bare(err)), false
+		}
+		f = cryptgate.Gather(root, dir, forbidden, a.o.FS)
+	}
+	v := cryptgate.Decide(f)
+	if !v.Confirmed {
+		return unconfirmed(v)
+	}
+	full := root.Path(dir)
+	if err := os.Lchown(full, 0, 0); err != nil {
+		return v, failed("chown %s: %s", dir, bare(err)), false
+	}
+	if err := os.Chmod(full, 0o700); err != nil {
+		return v, failed("chmod %s: %s", dir, bare(err)), false
+	}
+	return v, Result{}, true
+}
+
+// Snapshot file names: etcd-<cluster id>-v<target minor>-<UTC time>.db.
+var snapName = regexp.MustCompile(`^etcd-([0-9a-f]{16})-v([0-9]+\.[0-9]+)-([0-9]{8}T[0-9]{6}Z)\.db$`)
+
+func (a *attempt) name(clusterID uint64) string {
+	return fmt.Sprintf("etcd-%016x-v%d.%d-%s.db", clusterID, a.target.Major, a.target.Minor, a.o.Now().UTC().Format("20060102T150405Z"))
+}
+
+// existing returns the name of a snapshot already taken for this cluster
+// and target minor: a regular file (a file only gets its final name after
+// it was verified).
+func (a *attempt) existing(clusterID uint64) string {
+	ents, err := os.ReadDir(a.o.Root.Path(paths.EtcdBackupDir))
+	if err != nil {
+		return ""
+	}
+	want := fmt.Sprintf("%016x", clusterID)
+	minor := a.target.MinorOf().String()
+	for _, e := range ents {
+		m := snapName.FindStringSubmatch(e.Name())
+		if m != nil && e.Type().IsRegular() && m[1] == want && m[2] == minor {
+			return e.Name()
+		}
+	}
+	return ""
+}
+
+// lock serialises attempts (the reconcile pass and the etcd-snapshot
+// command) with a flock on the directory itself.
+func (a *attempt) lock() error {
+	full := a.o.Root.Path(paths.EtcdBackupDir)
+	fd, err := unix.Open(full, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", paths.EtcdBackupDir, err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return errors.New("another etcd snapshot is being taken on this node")
+		}
+		return fmt.Errorf("flock %s: %w", paths.EtcdBackupDir, err)
+	}
+	a.lockFD, a.locked = fd, true
+	return nil
+}
+
+// removeStale removes .part files a crash left (they are on the same
+// encrypted storage; they never counted).
+func (a *attempt) removeStale() {
+	dir := a.o.Root.Path(paths.EtcdBackupDir)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "etcd-") && strings.HasSuffix(e.Name(), ".part") && !e.IsDir() {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// save runs etcdctl snapshot save into a .part file, verifies it, makes it
+// 0600 root:root, renames it to its final name and prunes older snapshots.
+func (a *attempt) save(ctx context.Context, v cryptgate.Verdict, clusterID uint64) Result {
+	root := a.o.Root
+	final := filepath.Join(paths.EtcdBackupDir, a.name(clusterID))
+	part := final + ".part"
+	fullPart := root.Path(part)
+	cleanup := func() {
+		_ = os.Remove(fullPart)
+		_ = os.Remove(fullPart + ".part") // etcdctl's own temporary name
+	}
+
+	deadline, _ := ctx.Deadline()
+	left := time.Until(deadline)
+	reserve := min(30*time.Second, left/4)
+	budget := left - reserve
+	if budget < time.Second {
+		return failed("no time left for etcdctl within the %s bound", a.o.Total)
+	}
+	dial := min(10*time.Second, budget)
+	args := []string{
+		"--endpoints=" + a.ep.URL,
+		"--cacert=" + root.Path(a.ep.CA), "--cert=" + root.Path(a.ep.Cert), "--key=" + root.Path(a.ep.Key),
+		fmt.Sprintf("--dial-timeout=%ds", int(dial.Seconds())), fmt.Sprintf("--command-timeout=%ds", int(budget.Seconds())),
+		"snapshot", "save", fullPart,
+	}
+	if _, err := a.o.Runner.Run(ctx, runner.Cmd{Path: paths.Etcdctl, Args: args, Timeout: budget}); err != nil {
+		cleanup()
+		return failed("etcdctl snapshot save: %v", err)
+	}
+	st, err := verifyFile(ctx, a.o.FS, fullPart, v.Dev)
+	if err != nil {
+		cleanup()
+		return failed("verify snapshot: %v", err)
+	}
+	if err := a.checkKeyCount(ctx, st.Revision, st.TotalKey); err != nil {
+		cleanup()
+		return failed("verify snapshot: %v", err)
+	}
+	if err := seal(fullPart); err != nil {
+		cleanup()
+		return failed("%v", err)
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, fullPart, unix.AT_FDCWD, root.Path(final), unix.RENAME_NOREPLACE); err != nil {
+		cleanup()
+		return failed("rename %s: %v", part, err)
+	}
+	syncDir(root.Path(paths.EtcdBackupDir))
+	res := Result{Outcome: Taken, Path: final, Revision: st.Revision, Keys: st.TotalKey, Hash: st.Hash}
+	res.Pruned = a.prune(filepath.Base(final))
+	return res
+}
+
+// seal makes the verified file 0600 root:root and durable.
+func seal(p string) error {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open snapshot: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fchown(fd, 0, 0); err != nil {
+		return fmt.Errorf("chown snapshot: %w", err)
+	}
+	if err := unix.Fchmod(fd, 0o600); err != nil {
+		return fmt.Errorf("chmod snapshot: %w", err)
+	}
+	if err := unix.Fsync(fd); err != nil {
+		return fmt.Errorf("fsync snapshot: %w", err)
+	}
+	return nil
+}
+
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+}
+
+// prune removes every other snapshot file (older targets, other clusters)
+// now that a new one is verified. Only regular files with our names.
+func (a *attempt) prune(keep string) int {
+	dir := a.o.Root.Path(paths.EtcdBackupDir)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range ents {
+		if e.Name() == keep || !e.Type().IsRegular() || !snapName.MatchString(e.Name()) {
+			continue
+		}
+		if os.Remove(filepath.Join(dir, e.Name())) == nil {
+			n++
+		}
+	}
+	if n > 0 {
+		syncDir(dir)
+	}
+	return n
+}
+
+// client connects with the healthcheck-client certificate, read without
+// following symlinks.
+func (a *attempt) client(ctx context.Context) (*clientv3.Client, error) {
+	if a.cli != nil {
+		return a.cli, nil
+	}
+	root := a.o.Root
+	read := func(p string) ([]byte, error) {
+		b, err := fsutil.ReadFileNoFollow(root.Path(p), 1<<20)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %s", p, bare(err))
+		}
+		return b, nil
+	}
+	ca, err := read(a.ep.CA)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", a.ep.CA)
+	}
+	cert, err := read(a.ep.Cert)
+	if err != nil {
+		return nil, err
+	}
+	key, err := read(a.ep.Key)
+	if err != nil {
+		return nil, err
+	}
+	kp, err := tls.X509KeyPair(cert, key)
+	if err != nil {
+		return nil, fmt.Errorf("healthcheck-client certificate and key (%s): unusable", a.ep.Cert)
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{a.ep.URL},
+		TLS:         &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{kp}, MinVersion: tls.VersionTLS12},
+		DialTimeout: a.o.Request,
+		Logger:      zap.NewNop(),
+		Context:     ctx,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd client for %s: %w", a.ep.URL, err)
+	}
+	a.cli = cli
+	return cli, nil
+}
+
+// checkMemberVersions warns, before an upgrade whose etcd has a member
+// version rule (3.7 asks for 3.6.11), about every member below it.
+func (a *attempt) checkMemberVersions(ctx context.Context) {
+	entry, ok := images.ForMinor(a.target.MinorOf())
+	if !ok {
+		return
+	}
+	min, ok := VersionRule(entry.Etcd)
+	if !ok {
+		return
+	}
+	members, err := a.memberVersions(ctx)
+	var lagging []string
+	if err != nil {
+		lagging = []string{"(member list unreadable: " + runner.Sanitize(err.Error(), 120) + ")"}
+	} else {
+		lagging = Lagging(entry.Etcd, members)
+	}
+	if len(lagging) == 0 {
+		return
+	}
+	msg := VersionWarning(a.target.String(), entry.Etcd, lagging)
+	a.warnings = append(a.warnings, msg)
+	a.o.Log.Warn(EventVersionWarning, "members", strings.Join(lagging, ","), "minimum", min,
+		"target", a.target.String(), "target_etcd", entry.Etcd, "message", msg)
+}
+
+// memberVersions reads every member's binary version (Maintenance.Status
+// against each member's first client URL).
+func (a *attempt) memberVersions(ctx context.Context) ([]Member, error) {
+	cli, err := a.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, a.o.Request)
+	defer cancel()
+	ml, err := cli.MemberList(rctx, clientv3.WithSerializable())
+	if err != nil {
+		return nil, fmt.Errorf("member list: %w", err)
+	}
+	out := make([]Member, len(ml.Members))
+	type answer struct {
+		i int
+		v string
+	}
+	ch := make(chan answer, len(ml.Members))
+	for i, m := range ml.Members {
+		name := m.Name
+		if name == "" {
+			name = fmt.Sprintf("%016x", m.ID)
+		}
+		out[i].Name = name
+		if len(m.ClientURLs) == 0 {
+			ch <- answer{i, ""}
+			continue
+		}
+		go func(i int, u string) {
+			sctx, cancel := context.WithTimeout(ctx, a.o.Request)
+			defer cancel()
+			st, err := cli.Status(sctx, u)
+			if err != nil {
+				ch <- answer{i, ""}
+				return
+			}
+			ch <- answer{i, st.Version}
+		}(i, m.ClientURLs[0])
+	}
+	for range ml.Members {
+		r := <-ch
+		out[r.i].Version = r.v
+	}
+	return out, nil
+}
+
+// checkKeyCount compares the snapshot's key count with the cluster's at the
+// snapshot's revision. A revision compacted meanwhile cannot be compared.
+func (a *attempt) checkKeyCount(ctx context.Context, rev int64, keys int) error {
+	if rev == 0 {
+		return nil // an empty keyspace: nothing to compare at
+	}
+	rctx, cancel := context.WithTimeout(ctx, a.o.Request)
+	defer cancel()
+	resp, err := a.cli.Get(rctx, "", clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithRev(rev), clientv3.WithSerializable())
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			return nil
+		}
+		return fmt.Errorf("count keys at revision %d: %w", rev, err)
+	}
+	if resp.Count != int64(keys) {
+		return fmt.Errorf("the snapshot holds %d keys at revision %d, etcd has %d", keys, rev, resp.Count)
+	}
+	return nil
+}
+
+// bare drops the root-based path from a path error.
+func bare(err error) string {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Op + ": " + pe.Err.Error()
+	}
+	return err.Error()
+}

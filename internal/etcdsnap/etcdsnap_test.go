@@ -1,0 +1,545 @@
+package etcdsnap
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/kairos-io/provider-kubernetes/internal/cryptgate"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/testbin"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/etcdtest"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// EtcdctlVersion is the etcdctl the 1.37 image bundles (kubeadm 1.37 deploys etcd 3.7.0).
+const EtcdctlVersion = "v3.7.0"
+
+var v1372 = version.MustParse("v1.37.2")
+
+// persistFS fakes only what a sandbox cannot have: paths under the node's
+// /usr/local report ext4 on dev. Whether dev is dm-crypt is in the sandbox
+// /sys the gate reads. Everything else (the files, modes, symlinks, free
+// space) is real.
+type persistFS struct {
+	prefix string
+	dev    cryptgate.Dev
+}
+
+func (f persistFS) Stat(p string) (cryptgate.Stat, error) {
+	if p == f.prefix || strings.HasPrefix(p, f.prefix+"/") {
+		if _, err := os.Lstat(p); err != nil {
+			return cryptgate.Stat{}, err
+		}
+		return cryptgate.Stat{Dev: f.dev, Magic: cryptgate.MagicExt4}, nil
+	}
+	return cryptgate.RealFS{}.Stat(p)
+}
+
+// plainPersistent is the default install: COS_PERSISTENT is a bare ext4 partition.
+func plainPersistent(t testing.TB, n *testutil.Node) cryptgate.FS {
+	n.Write(cryptgate.Mountinfo, `21 1 0:30 / / rw,relatime shared:1 - overlay overlay rw
+40 21 8:3 / /usr/local rw,relatime shared:20 - ext4 /dev/sda3 rw
+41 21 8:3 /.state/etc-kubernetes.bind /etc/kubernetes rw,relatime shared:20 - ext4 /dev/sda3 rw
+`, 0o444)
+	if err := os.MkdirAll(n.Path("/sys/devices/pci0000:00/block/sda/sda3"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return persistFS{prefix: n.Path("/usr/local"), dev: cryptgate.Dev{Major: 8, Minor: 3}}
+}
+
+// encryptedPersistent lays out a Kairos node whose COS_PERSISTENT (/usr/local)
+// is LUKS2-encrypted ext4, and returns the seam for it.
+func encryptedPersistent(t testing.TB, n *testutil.Node) cryptgate.FS {
+	n.Write(cryptgate.Mountinfo, `21 1 0:30 / / rw,relatime shared:1 - overlay overlay rw
+40 21 254:0 / /usr/local rw,relatime shared:20 - ext4 /dev/mapper/luks-persistent rw
+41 21 254:0 /.state/etc-kubernetes.bind /etc/kubernetes rw,relatime shared:20 - ext4 /dev/mapper/luks-persistent rw
+42 21 254:0 /.state/var-lib-etcd.bind /var/lib/etcd rw,relatime shared:20 - ext4 /dev/mapper/luks-persistent rw
+`, 0o444)
+	n.Write("/sys/devices/virtual/block/dm-0/dm/uuid", "CRYPT-LUKS2-6b1f0e7a2c3d4e5f8091a2b3c4d5e6f7-luks-persistent\n", 0o444)
+	if err := os.MkdirAll(n.Path(cryptgate.SysDevBlk), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../devices/virtual/block/dm-0", n.Path("/sys/dev/block/254:0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(n.Path(paths.PersistDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return persistFS{prefix: n.Path("/usr/local"), dev: cryptgate.Dev{Major: 254, Minor: 0}}
+}
+
+// bundleEtcdctl puts the real etcdctl at the node's /usr/bin/etcdctl.
+func bundleEtcdctl(t testing.TB, n *testutil.Node) {
+	bin := testbin.Etcdctl(t, EtcdctlVersion)
+	if err := os.MkdirAll(n.Path("/usr/bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(bin, n.Path(paths.Etcdctl)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// recRunner records what reaches the runner and delegates to the real one.
+type recRunner struct {
+	mu     sync.Mutex
+	inner  runner.Runner
+	cmds   []runner.Cmd
+	before func(c runner.Cmd)
+	after  func(c runner.Cmd)
+}
+
+func (r *recRunner) Run(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+	r.mu.Lock()
+	r.cmds = append(r.cmds, c)
+	r.mu.Unlock()
+	if r.before != nil {
+		r.before(c)
+	}
+	res, err := r.inner.Run(ctx, c)
+	if r.after != nil && err == nil {
+		r.after(c)
+	}
+	return res, err
+}
+
+type fixture struct {
+	t    *testing.T
+	node *testutil.Node
+	etcd *etcdtest.Etcd
+	fs   cryptgate.FS
+	run  *recRunner
+	log  *syncBuf
+	now  time.Time
+}
+
+// newFixture: a control plane with stacked etcd (embedded, TLS), the real
+// etcdctl bundled and an encrypted persistent partition.
+func newFixture(t *testing.T) *fixture {
+	f := &fixture{t: t, node: testutil.NewNode(t, "cp1"), log: &syncBuf{}, now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)}
+	bundleEtcdctl(t, f.node)
+	f.fs = encryptedPersistent(t, f.node)
+	f.etcd = etcdtest.Start(t, f.node, etcdtest.Config{})
+	f.run = &recRunner{inner: runner.Exec{Root: f.node.Root}}
+	return f
+}
+
+func (f *fixture) opts() Options {
+	return Options{Root: f.node.R(), Runner: f.run, Log: slog.New(slog.NewTextHandler(f.log, nil)), FS: f.fs,
+		Now: func() time.Time { return f.now }, Total: 60 * time.Second, Request: 5 * time.Second}
+}
+
+func (f *fixture) take(target version.Version) Result {
+	f.t.Helper()
+	return Take(context.Background(), f.opts(), target)
+}
+
+// lines returns the log lines with msg=etcd-snapshot.
+func eventLines(log string) []string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, "msg="+Event+" ") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// oneLine asserts the log has exactly n attempt lines, the last with outcome.
+func (f *fixture) oneLine(n int, outcome Outcome, subs ...string) string {
+	f.t.Helper()
+	ls := eventLines(f.log.String())
+	if len(ls) != n {
+		f.t.Fatalf("%d etcd-snapshot lines, want %d:\n%s", len(ls), n, f.log.String())
+	}
+	l := ls[n-1]
+	if !strings.Contains(l, "etcd-snapshot outcome="+string(outcome)+" ") {
+		f.t.Fatalf("line %q lacks outcome=%s", l, outcome)
+	}
+	for _, s := range subs {
+		if !strings.Contains(l, s) {
+			f.t.Fatalf("line %q lacks %q", l, s)
+		}
+	}
+	f.noSecrets()
+	f.t.Logf("%s", l)
+	return l
+}
+
+func (f *fixture) noSecrets() {
+	f.t.Helper()
+	log := f.log.String()
+	key, _ := os.ReadFile(f.node.Path(etcdtest.HCKey))
+	if l := strings.Split(string(key), "\n"); len(l) > 2 && strings.Contains(log, l[1][:20]) || strings.Contains(log, "BEGIN") {
+		f.t.Fatalf("key material in the log:\n%s", log)
+	}
+}
+
+func (f *fixture) snapshots() []string {
+	f.t.Helper()
+	ents, err := os.ReadDir(f.node.Path(paths.EtcdBackupDir))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+func ownerAndMode(t testing.TB, p string) (uid, gid uint32, mode os.FileMode) {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Uid, st.Gid, os.FileMode(st.Mode & 0o7777)
+}
+
+func TestTakenVerifiedSealedAndRestorable(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("writes root:root files: needs root (CI runs as root)")
+	}
+	f := newFixture(t)
+	f.etcd.PutKeys("/registry/secrets/default/s", 300, 200)
+	t.Setenv("ETCDCTL_ENDPOINTS", "https://127.0.0.1:1") // inherited, it would point etcdctl nowhere
+	t.Setenv("ETCDCTL_API", "2")
+	// kubeadm leaves the dir 0755 (the status mirror's parent): the step tightens it.
+	res := f.take(v1372)
+	if res.Outcome != Taken {
+		t.Fatalf("outcome %s: %s\n%s", res.Outcome, res.Reason, f.log.String())
+	}
+	cid := f.etcd.ClusterID()
+	want := fmt.Sprintf("%s/etcd-%016x-v1.37-20261130T100000Z.db", paths.EtcdBackupDir, cid)
+	if res.Path != want || res.ClusterID != cid {
+		t.Fatalf("path %s cluster %x, want %s %x", res.Path, res.ClusterID, want, cid)
+	}
+	if res.Keys != 300 || res.Revision <= 0 || res.Hash == 0 || res.DBSize <= 0 {
+		t.Fatalf("result %+v", res)
+	}
+	f.oneLine(1, Taken, "path="+want, "target=v1.37.2", "keys=300")
+	if got := f.snapshots(); len(got) != 1 || got[0] != filepath.Base(want) {
+		t.Fatalf("backup dir holds %q: want only the snapshot (no .part)", got)
+	}
+	if uid, gid, mode := ownerAndMode(t, f.node.Path(want)); uid != 0 || gid != 0 || mode != 0o600 {
+		t.Fatalf("snapshot %d:%d %o, want 0:0 600", uid, gid, mode)
+	}
+	if uid, gid, mode := ownerAndMode(t, f.node.Path(paths.EtcdBackupDir)); uid != 0 || gid != 0 || mode != 0o700 {
+		t.Fatalf("backup dir %d:%d %o, want 0:0 700", uid, gid, mode)
+	}
+	// Exactly the bundled etcdctl, through the runner, bounded, closed env.
+	if len(f.run.cmds) != 1 {
+		t.Fatalf("commands %v", f.run.cmds)
+	}
+	c := f.run.cmds[0]
+	if c.Path != "/usr/bin/etcdctl" || len(c.Env) != 0 || c.Timeout <= 0 || c.Timeout > 60*time.Second {
+		t.Fatalf("command %+v", c)
+	}
+	for _, a := range []string{"--endpoints=" + f.etcd.ClientURL, "--cert=" + f.node.Path(etcdtest.HCCert), "--key=" + f.node.Path(etcdtest.HCKey),
+		"--cacert=" + f.node.Path(etcdtest.CACert), "snapshot", "save", f.node.Path(want) + ".part"} {
+		if !strings.Contains(" "+strings.Join(c.Args, " ")+" ", " "+a+" ") {
+			t.Fatalf("etcdctl args %q lack %q", c.Args, a)
+		}
+	}
+	restoreAndRead(t, f.node.Path(want), "/registry/secrets/default/s", 300, 200)
+}
+
+// restoreAndRead restores a snapshot with etcdutl's library into a fresh
+// data dir, starts etcd on it and reads the keys back.
+func restoreAndRead(t *testing.T, snap, prefix string, n, size int) {
+	t.Helper()
+	node := testutil.NewNode(t, "restored")
+	etcdtest.NewPKI(t, node)
+	peerPort := etcdtest.FreePort(t)
+	peer := fmt.Sprintf("https://127.0.0.1:%d", peerPort)
+	dataDir := filepath.Join(t.TempDir(), "data")
+	err := snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
+		SnapshotPath: snap, Name: node.Name, OutputDataDir: dataDir, PeerURLs: []string{peer},
+		InitialCluster: node.Name + "=" + peer, InitialClusterToken: "restored-from-provider-snapshot",
+	})
+	if err != nil {
+		t.Fatalf("etcdutl restore: %v", err)
+	}
+	e := etcdtest.Start(t, node, etcdtest.Config{DataDir: dataDir, PeerPort: peerPort})
+	c := e.Client()
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := c.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != n {
+		t.Fatalf("restored %d keys under %s, want %d", len(resp.Kvs), prefix, n)
+	}
+	for i, kv := range resp.Kvs {
+		if string(kv.Key) != fmt.Sprintf("%s%08d", prefix, i) || len(kv.Value) != size {
+			t.Fatalf("restored key %d: %q (%d bytes)", i, kv.Key, len(kv.Value))
+		}
+	}
+}
+
+func TestOncePerClusterAndMinorAcrossReboot(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("writes root:root files: needs root (CI runs as root)")
+	}
+	f := newFixture(t)
+	f.etcd.PutKeys("/registry/a/", 50, 100)
+	first := f.take(v1372)
+	if first.Outcome != Taken {
+		t.Fatalf("first: %s %s", first.Outcome, first.Reason)
+	}
+	var before unix.Stat_t
+	if err := unix.Stat(f.node.Path(first.Path), &before); err != nil {
+		t.Fatal(err)
+	}
+
+	// The upgrade half-ran, the node rebooted: etcd restarts on the same data,
+	// the provider starts from scratch (fresh options, fresh log, later clock).
+	f.etcd.PutKeys("/registry/b/", 50, 100) // partially upgraded data
+	f.etcd.Restart()
+	f.log = &syncBuf{}
+	f.now = f.now.Add(7 * time.Minute)
+	again := f.take(version.MustParse("v1.37.0")) // same minor, any patch
+	if again.Outcome != SkippedAlreadyTaken || again.Path != first.Path {
+		t.Fatalf("after reboot: %s %s path %s", again.Outcome, again.Reason, again.Path)
+	}
+	f.oneLine(1, SkippedAlreadyTaken, "path="+first.Path)
+	var after unix.Stat_t
+	if err := unix.Stat(f.node.Path(first.Path), &after); err != nil {
+		t.Fatal(err)
+	}
+	if after.Ino != before.Ino || after.Mtim != before.Mtim || after.Size != before.Size {
+		t.Fatal("the first, clean snapshot was replaced")
+	}
+	if len(f.run.cmds) != 1 {
+		t.Fatalf("etcdctl ran again: %d commands", len(f.run.cmds))
+	}
+
+	// The next upgrade (next minor): a new snapshot, and only once it is
+	// verified the older one goes.
+	f.now = f.now.Add(30 * 24 * time.Hour)
+	next := f.take(version.MustParse("v1.38.0"))
+	if next.Outcome != Taken || next.Pruned != 1 || next.Path == first.Path {
+		t.Fatalf("next minor: %+v", next)
+	}
+	if got := f.snapshots(); len(got) != 1 || got[0] != filepath.Base(next.Path) {
+		t.Fatalf("after pruning: %q", got)
+	}
+	f.oneLine(2, Taken, "pruned=1")
+}
+
+func TestCorruptSnapshotNeverCountsAndKeepsTheOlder(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("writes root:root files: needs root (CI runs as root)")
+	}
+	f := newFixture(t)
+	f.etcd.PutKeys("/registry/a/", 20, 100)
+	old := f.take(version.MustParse("v1.36.3"))
+	if old.Outcome != Taken {
+		t.Fatalf("%s %s", old.Outcome, old.Reason)
+	}
+	// etcdctl "succeeds" but the bytes on disk are damaged afterwards.
+	f.run.after = func(c runner.Cmd) {
+		p := c.Args[len(c.Args)-1]
+		fh, err := os.OpenFile(p, os.O_RDWR, 0)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer fh.Close()
+		if _, err := fh.WriteAt([]byte("corrupt!"), 8192); err != nil {
+			t.Error(err)
+		}
+	}
+	res := f.take(v1372)
+	if res.Outcome != Failed || !strings.Contains(res.Reason, "sha256") {
+		t.Fatalf("%s %q", res.Outcome, res.Reason)
+	}
+	f.oneLine(2, Failed, "reason=")
+	if got := f.snapshots(); len(got) != 1 || got[0] != filepath.Base(old.Path) {
+		t.Fatalf("backup dir %q: the older snapshot must stay and nothing partial remain", got)
+	}
+	// A failed attempt does not count: the next one takes it.
+	f.run.after = nil
+	if res := f.take(v1372); res.Outcome != Taken || res.Pruned != 1 {
+		t.Fatalf("retry: %+v", res)
+	}
+}
+
+func TestAnotherClusterGetsItsOwnSnapshot(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("writes root:root files: needs root (CI runs as root)")
+	}
+	f := newFixture(t)
+	first := f.take(v1372)
+	if first.Outcome != Taken {
+		t.Fatalf("%s %s", first.Outcome, first.Reason)
+	}
+	// The node was reset and a new cluster created: a new etcd cluster id.
+	f.etcd.Stop()
+	if err := os.RemoveAll(f.node.Path(etcdtest.DataDir)); err != nil {
+		t.Fatal(err)
+	}
+	f.etcd = etcdtest.Start(t, f.node, etcdtest.Config{})
+	f.now = f.now.Add(time.Hour)
+	second := f.take(v1372)
+	if second.Outcome != Taken || second.ClusterID == first.ClusterID || second.Pruned != 1 {
+		t.Fatalf("new cluster: %+v (first %x)", second, first.ClusterID)
+	}
+}
+
+func TestSkippedOutcomes(t *testing.T) {
+	t.Run("external etcd", func(t *testing.T) {
+		f := &fixture{t: t, node: testutil.NewNode(t, "cp1"), log: &syncBuf{}, run: &recRunner{inner: &runner.Recorder{}}}
+		f.fs = encryptedPersistent(t, f.node)
+		res := f.take(v1372)
+		if res.Outcome != SkippedExternalEtcd {
+			t.Fatalf("%+v", res)
+		}
+		f.oneLine(1, SkippedExternalEtcd)
+		if f.node.Exists(paths.EtcdBackupDir) || len(f.run.cmds) != 0 {
+			t.Fatal("wrote or ran something")
+		}
+	})
+	t.Run("etcdctl missing", func(t *testing.T) {
+		node := testutil.NewNode(t, "cp1")
+		f := &fixture{t: t, node: node, log: &syncBuf{}, run: &recRunner{inner: &runner.Recorder{}}}
+		f.fs = encryptedPersistent(t, node)
+		f.etcd = etcdtest.Start(t, node, etcdtest.Config{})
+		res := f.take(v1372)
+		if res.Outcome != SkippedEtcdctlMissing {
+			t.Fatalf("%+v", res)
+		}
+		f.oneLine(1, SkippedEtcdctlMissing, "detail=")
+		if f.node.Exists(paths.EtcdBackupDir) || len(f.run.cmds) != 0 {
+			t.Fatal("wrote or ran something")
+		}
+	})
+	t.Run("encryption unconfirmed: the default install", func(t *testing.T) {
+		node := testutil.NewNode(t, "cp1")
+		f := &fixture{t: t, node: node, log: &syncBuf{}, run: &recRunner{inner: runner.Exec{Root: node.Root}}}
+		bundleEtcdctl(t, node)
+		f.fs = plainPersistent(t, node)
+		if err := os.MkdirAll(node.Path(paths.PersistDir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		f.etcd = etcdtest.Start(t, node, etcdtest.Config{})
+		res := f.take(v1372)
+		if res.Outcome != SkippedEncryptionUnconfirmed || res.Reason == "" {
+			t.Fatalf("%+v", res)
+		}
+		f.oneLine(1, SkippedEncryptionUnconfirmed, "detail=")
+		if f.node.Exists(paths.EtcdBackupDir) || len(f.run.cmds) != 0 {
+			t.Fatal("wrote or ran something on unencrypted storage")
+		}
+	})
+	t.Run("a symlink planted as the backup dir", func(t *testing.T) {
+		f := newFixture(t)
+		elsewhere := t.TempDir()
+		if err := os.Symlink(elsewhere, f.node.Path(paths.EtcdBackupDir)); err != nil {
+			t.Fatal(err)
+		}
+		res := f.take(v1372)
+		if res.Outcome != SkippedEncryptionUnconfirmed || !strings.Contains(res.Reason, "symlink") {
+			t.Fatalf("%+v", res)
+		}
+		if ents, _ := os.ReadDir(elsewhere); len(ents) != 0 || len(f.run.cmds) != 0 {
+			t.Fatal("wrote through the symlink")
+		}
+	})
+}
+
+// TestInsufficientSpace mounts a small tmpfs on the backup directory in a
+// private mount namespace (the test re-runs itself in one).
+func TestInsufficientSpace(t *testing.T) {
+	if os.Getenv("ETCDSNAP_IN_MOUNTNS") == "" {
+		if os.Getuid() != 0 {
+			t.Skip("needs root for a private mount namespace (CI runs as root)")
+		}
+		testbin.Etcdctl(t, EtcdctlVersion) // build outside the child's budget
+		cmd := exec.Command(os.Args[0], "-test.run=^TestInsufficientSpace$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "ETCDSNAP_IN_MOUNTNS=1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestInsufficientSpace") {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		return
+	}
+	f := newFixture(t)
+	dir := f.node.Path(paths.EtcdBackupDir)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64m,mode=0700"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	res := f.take(v1372)
+	if res.Outcome != SkippedInsufficientSpace || !strings.Contains(res.Reason, "needed (2 x database") {
+		t.Fatalf("%+v\n%s", res, f.log.String())
+	}
+	f.oneLine(1, SkippedInsufficientSpace, "detail=")
+	if len(f.snapshots()) != 0 || len(f.run.cmds) != 0 {
+		t.Fatal("wrote or ran something")
+	}
+}
+
+func TestConcurrentAttemptsSerialise(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("writes root:root files: needs root (CI runs as root)")
+	}
+	f := newFixture(t)
+	started := make(chan struct{})
+	release := make(chan struct{})
+	f.run.before = func(runner.Cmd) {
+		close(started)
+		<-release
+	}
+	done := make(chan Result)
+	go func() { done <- f.take(v1372) }()
+	<-started
+	// A second attempt (the etcd-snapshot command) while the first holds the directory.
+	f.run.before = nil
+	other := Take(context.Background(), f.opts(), v1372)
+	close(release)
+	first := <-done
+	if first.Outcome != Taken || other.Outcome != Failed || !strings.Contains(other.Reason, "another etcd snapshot") {
+		t.Fatalf("first %s %s, other %s %s", first.Outcome, first.Reason, other.Outcome, other.Reason)
+	}
+}
