@@ -28,73 +28,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
-// EtcdctlVersion is the etcdctl the 1.37 image bundles (kubeadm 1.37 deploys etcd 3.7.0).
-const EtcdctlVersion = "v3.7.0"
-
 var v1372 = version.MustParse("v1.37.2")
-
-// persistFS fakes only what a sandbox cannot have: paths under the node's
-// /usr/local report ext4 on dev. Whether dev is dm-crypt is in the sandbox
-// /sys the gate reads. Everything else (the files, modes, symlinks, free
-// space) is real.
-type persistFS struct {
-	prefix string
-	dev    cryptgate.Dev
-}
-
-func (f persistFS) Stat(p string) (cryptgate.Stat, error) {
-	if p == f.prefix || strings.HasPrefix(p, f.prefix+"/") {
-		if _, err := os.Lstat(p); err != nil {
-			return cryptgate.Stat{}, err
-		}
-		return cryptgate.Stat{Dev: f.dev, Magic: cryptgate.MagicExt4}, nil
-	}
-	return cryptgate.RealFS{}.Stat(p)
-}
-
-// plainPersistent is the default install: COS_PERSISTENT is a bare ext4 partition.
-func plainPersistent(t testing.TB, n *testutil.Node) cryptgate.FS {
-	n.Write(cryptgate.Mountinfo, `21 1 0:30 / / rw,relatime shared:1 - overlay overlay rw
-40 21 8:3 / /usr/local rw,relatime shared:20 - ext4 /dev/sda3 rw
-41 21 8:3 /.state/etc-kubernetes.bind /etc/kubernetes rw,relatime shared:20 - ext4 /dev/sda3 rw
-`, 0o444)
-	if err := os.MkdirAll(n.Path("/sys/devices/pci0000:00/block/sda/sda3"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return persistFS{prefix: n.Path("/usr/local"), dev: cryptgate.Dev{Major: 8, Minor: 3}}
-}
-
-// encryptedPersistent lays out a Kairos node whose COS_PERSISTENT (/usr/local)
-// is LUKS2-encrypted ext4, and returns the seam for it.
-func encryptedPersistent(t testing.TB, n *testutil.Node) cryptgate.FS {
-	n.Write(cryptgate.Mountinfo, `21 1 0:30 / / rw,relatime shared:1 - overlay overlay rw
-40 21 254:0 / /usr/local rw,relatime shared:20 - ext4 /dev/mapper/luks-persistent rw
-41 21 254:0 /.state/etc-kubernetes.bind /etc/kubernetes rw,relatime shared:20 - ext4 /dev/mapper/luks-persistent rw
-42 21 254:0 /.state/var-lib-etcd.bind /var/lib/etcd rw,relatime shared:20 - ext4 /dev/mapper/luks-persistent rw
-`, 0o444)
-	n.Write("/sys/devices/virtual/block/dm-0/dm/uuid", "CRYPT-LUKS2-6b1f0e7a2c3d4e5f8091a2b3c4d5e6f7-luks-persistent\n", 0o444)
-	if err := os.MkdirAll(n.Path(cryptgate.SysDevBlk), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink("../../devices/virtual/block/dm-0", n.Path("/sys/dev/block/254:0")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(n.Path(paths.PersistDir), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return persistFS{prefix: n.Path("/usr/local"), dev: cryptgate.Dev{Major: 254, Minor: 0}}
-}
-
-// bundleEtcdctl puts the real etcdctl at the node's /usr/bin/etcdctl.
-func bundleEtcdctl(t testing.TB, n *testutil.Node) {
-	bin := testbin.Etcdctl(t, EtcdctlVersion)
-	if err := os.MkdirAll(n.Path("/usr/bin"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(bin, n.Path(paths.Etcdctl)); err != nil {
-		t.Fatal(err)
-	}
-}
 
 type syncBuf struct {
 	mu sync.Mutex
@@ -150,8 +84,8 @@ type fixture struct {
 // etcdctl bundled and an encrypted persistent partition.
 func newFixture(t *testing.T) *fixture {
 	f := &fixture{t: t, node: testutil.NewNode(t, "cp1"), log: &syncBuf{}, now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)}
-	bundleEtcdctl(t, f.node)
-	f.fs = encryptedPersistent(t, f.node)
+	etcdtest.BundleEtcdctl(t, f.node)
+	f.fs = etcdtest.EncryptedPersistent(t, f.node)
 	f.etcd = etcdtest.Start(t, f.node, etcdtest.Config{})
 	f.run = &recRunner{inner: runner.Exec{Root: f.node.Root}}
 	return f
@@ -426,7 +360,7 @@ func TestAnotherClusterGetsItsOwnSnapshot(t *testing.T) {
 func TestSkippedOutcomes(t *testing.T) {
 	t.Run("external etcd", func(t *testing.T) {
 		f := &fixture{t: t, node: testutil.NewNode(t, "cp1"), log: &syncBuf{}, run: &recRunner{inner: &runner.Recorder{}}}
-		f.fs = encryptedPersistent(t, f.node)
+		f.fs = etcdtest.EncryptedPersistent(t, f.node)
 		res := f.take(v1372)
 		if res.Outcome != SkippedExternalEtcd {
 			t.Fatalf("%+v", res)
@@ -439,7 +373,7 @@ func TestSkippedOutcomes(t *testing.T) {
 	t.Run("etcdctl missing", func(t *testing.T) {
 		node := testutil.NewNode(t, "cp1")
 		f := &fixture{t: t, node: node, log: &syncBuf{}, run: &recRunner{inner: &runner.Recorder{}}}
-		f.fs = encryptedPersistent(t, node)
+		f.fs = etcdtest.EncryptedPersistent(t, node)
 		f.etcd = etcdtest.Start(t, node, etcdtest.Config{})
 		res := f.take(v1372)
 		if res.Outcome != SkippedEtcdctlMissing {
@@ -453,11 +387,8 @@ func TestSkippedOutcomes(t *testing.T) {
 	t.Run("encryption unconfirmed: the default install", func(t *testing.T) {
 		node := testutil.NewNode(t, "cp1")
 		f := &fixture{t: t, node: node, log: &syncBuf{}, run: &recRunner{inner: runner.Exec{Root: node.Root}}}
-		bundleEtcdctl(t, node)
-		f.fs = plainPersistent(t, node)
-		if err := os.MkdirAll(node.Path(paths.PersistDir), 0o755); err != nil {
-			t.Fatal(err)
-		}
+		etcdtest.BundleEtcdctl(t, node)
+		f.fs = etcdtest.PlainPersistent(t, node)
 		f.etcd = etcdtest.Start(t, node, etcdtest.Config{})
 		res := f.take(v1372)
 		if res.Outcome != SkippedEncryptionUnconfirmed || res.Reason == "" {
@@ -491,7 +422,7 @@ func TestInsufficientSpace(t *testing.T) {
 		if os.Getuid() != 0 {
 			t.Skip("needs root for a private mount namespace (CI runs as root)")
 		}
-		testbin.Etcdctl(t, EtcdctlVersion) // build outside the child's budget
+		testbin.Etcdctl(t, etcdtest.EtcdctlVersion) // build outside the child's budget
 		cmd := exec.Command(os.Args[0], "-test.run=^TestInsufficientSpace$", "-test.v", "-test.count=1")
 		cmd.Env = append(os.Environ(), "ETCDSNAP_IN_MOUNTNS=1")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}

@@ -19,8 +19,8 @@ import (
 // file (not through a symlink) on the device the gate confirmed, a sha256
 // trailer matching its content (what etcdutl restore checks), and etcdutl's
 // snapshot status: bbolt's integrity check, the hash, revision and key
-// count. The two passes run in parallel. etcdutl's Status cannot be
-// cancelled: on ctx's end verifyFile returns and that read finishes alone.
+// count, in that order. etcdutl's Status cannot be cancelled: on ctx's end
+// verifyFile returns and that read finishes alone.
 func verifyFile(ctx context.Context, fs cryptgate.FS, path string, dev cryptgate.Dev) (snapshot.Status, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -47,6 +47,11 @@ func verifyFile(ctx context.Context, fs cryptgate.FS, path string, dev cryptgate
 		return snapshot.Status{}, fmt.Errorf("no sha256 trailer (%d bytes)", size)
 	}
 
+	// The trailer first: bbolt trusts the file it opens and can panic on a
+	// damaged one in a goroutine of its own, where no recover reaches.
+	if err := checkTrailer(ctx, f, size); err != nil {
+		return snapshot.Status{}, err
+	}
 	type statusResult struct {
 		st  snapshot.Status
 		err error
@@ -56,18 +61,6 @@ func verifyFile(ctx context.Context, fs cryptgate.FS, path string, dev cryptgate
 		s, err := snapshot.NewV3(zap.NewNop()).Status(path)
 		sc <- statusResult{s, err}
 	}()
-	hc := make(chan error, 1)
-	go func() { hc <- checkTrailer(ctx, f, size) }()
-
-	var hashErr error
-	select {
-	case hashErr = <-hc:
-	case <-ctx.Done():
-		return snapshot.Status{}, fmt.Errorf("sha256: %w", ctx.Err())
-	}
-	if hashErr != nil {
-		return snapshot.Status{}, hashErr
-	}
 	select {
 	case r := <-sc:
 		if r.err != nil {

@@ -31,16 +31,16 @@ type snapshots struct {
 	lines []string
 }
 
-func (s *snapshots) step(ctx context.Context, target version.Version) string {
+func (s *snapshots) step(ctx context.Context, target version.Version) SnapshotReport {
 	marker := "/usr/local/provider-kubernetes/etcd-backup/cluster-1-" + target.MinorOf().String() + ".db"
 	if s.e.node.Exists(marker) {
 		s.lines = append(s.lines, "skipped-already-taken")
-		return "skipped-already-taken"
+		return SnapshotReport{Outcome: "skipped-already-taken"}
 	}
 	s.e.node.Write(marker, "snapshot", 0o600)
 	s.taken++
 	s.lines = append(s.lines, "taken")
-	return "taken"
+	return SnapshotReport{Outcome: "taken"}
 }
 
 // crashRun runs a pass that is killed at cp; it returns the command lines
@@ -66,11 +66,11 @@ func crashRun(t *testing.T, e *env, cp crashPoint, snaps *snapshots) []string {
 		ran = append(ran, cmd.String())
 		return simulate(c, cmd)
 	}
-	steps := Steps{EtcdSnapshot: func(c context.Context, target version.Version) string {
+	steps := Steps{EtcdSnapshot: func(c context.Context, target version.Version) SnapshotReport {
 		if cp.at == "snapshot" {
 			crashed = true
 			cancel()
-			return "failed"
+			return SnapshotReport{Outcome: "failed"}
 		}
 		return snaps.step(c, target)
 	}}
@@ -204,7 +204,10 @@ func TestCrashInjectionMatrix(t *testing.T) {
 		e2 := reboot(e)
 		e2.bundled = "v1.36.3"
 		before := e.node.Read(paths.APIServerManifest)
-		res := e2.run(Steps{EtcdSnapshot: func(context.Context, version.Version) string { t.Error("snapshot after a refusal"); return "" }})
+		res := e2.run(Steps{EtcdSnapshot: func(context.Context, version.Version) SnapshotReport {
+			t.Error("snapshot after a refusal")
+			return SnapshotReport{}
+		}})
 		if res.ExitCode != ExitRefused || res.Plan.Refusal != plan.PinNewerThanImage || len(e2.lines()) != 0 {
 			t.Fatalf("exit %d %s ran %q", res.ExitCode, res.Plan.Refusal, e2.lines())
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/kubeadmbackup"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
@@ -68,14 +69,21 @@ var ErrLocked = errors.New("another reconcile pass is running on this node (reco
 // reported as unavailable; the pass goes on where the contract allows it.
 type Steps struct {
 	// EtcdSnapshot runs before upgrade apply. It never fails the pass: it
-	// returns the outcome for the status document.
-	EtcdSnapshot func(ctx context.Context, target version.Version) string
+	// returns the outcome and any warnings for the status document, and
+	// logs its own one line per attempt.
+	EtcdSnapshot func(ctx context.Context, target version.Version) SnapshotReport
 	// RepairKubelet runs kubeadm init phase kubelet-start when the kubelet
 	// or local API is down after the A/B swap. It returns warnings for the
 	// status document (removed kubelet flags it cannot fix).
 	RepairKubelet func(ctx context.Context, obs Observation) ([]string, error)
 	// Bootstrap runs kubeadm init or join for a non-member.
 	Bootstrap func(ctx context.Context, action plan.Action, obs Observation) error
+}
+
+// SnapshotReport is what the etcd snapshot step reports.
+type SnapshotReport struct {
+	Outcome  string   // taken, skipped-..., failed
+	Warnings []string // e.g. etcd members below the version the target's etcd asks for
 }
 
 // Options configure a pass. Everything the pass touches comes from here.
@@ -106,7 +114,8 @@ type pass struct {
 	obs *observe.Observer
 	doc status.Document
 	// notes are warnings learned while acting (no CNI yet, removed kubelet
-	// flags), kept in the status next to the plan's.
+	// flags, etcd members below the version the target's etcd asks for),
+	// kept in the status next to the plan's.
 	notes []string
 	// repaired is set once the kubelet repair step ran in this pass.
 	repaired bool
@@ -250,6 +259,10 @@ func (p *pass) act(ctx context.Context, obs Observation, pl plan.Plan) error {
 		p.writeStatus()
 		start := p.Clock.Now()
 		reason, err := p.step(ctx, a, obs, pl)
+		if a == plan.ActionEtcdSnapshot {
+			// The step logs its own single line (etcd-snapshot outcome=...).
+			continue
+		}
 		attrs := []any{"outcome", "ok", "duration", p.Clock.Now().Sub(start).Round(time.Millisecond).String()}
 		if a == plan.ActionUpgradeApply {
 			attrs = append(attrs, "target", pl.Pin.String())
@@ -284,7 +297,10 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 			return "", nil
 		}
 		// Never blocks the upgrade: the outcome is reported, the pass goes on.
-		p.doc.EtcdSnapshot = p.Steps.EtcdSnapshot(ctx, pl.Pin)
+		r := p.Steps.EtcdSnapshot(ctx, pl.Pin)
+		p.doc.EtcdSnapshot = r.Outcome
+		p.notes = append(p.notes, r.Warnings...)
+		p.doc.Warnings = append(p.doc.Warnings, r.Warnings...)
 		return "", nil
 	case plan.ActionWaitForClusterUpgrade:
 		return ReasonControlPlaneNotUpgraded, p.waitForCluster(ctx, obs, pl.Pin)
@@ -418,11 +434,32 @@ func (p *pass) setDoc(obs Observation, pl plan.Plan, phase string) {
 	d.Role, d.Member, d.Pin = string(f.Role), f.Member, f.Pin
 	d.Bundled, d.NodeVersion, d.ClusterVersion = vs(f.Bundled), vs(f.Node), vs(f.Cluster)
 	d.Warnings = append(append([]string(nil), pl.Warnings...), p.notes...)
+	p.kubeadmBackups()
 	d.Actions = nil
 	for _, a := range pl.Actions {
 		d.Actions = append(d.Actions, string(a))
 	}
 	d.Time = p.Now().UTC().Format(time.RFC3339)
+}
+
+// kubeadmBackups reports kubeadm's own etcd copies, which accumulate on
+// every upgrade of a stacked control plane and can fill the disk.
+func (p *pass) kubeadmBackups() {
+	d := &p.doc
+	d.KubeadmEtcdBackups = nil
+	s, err := kubeadmbackup.List(p.Root)
+	if err != nil {
+		d.Warnings = append(d.Warnings, "kubeadm etcd backups: "+runner.Sanitize(err.Error(), 300))
+		return
+	}
+	if s.Count == 0 {
+		return
+	}
+	d.KubeadmEtcdBackups = &status.Backups{Count: s.Count, Bytes: s.Bytes, Dir: s.Dir}
+	if s.Count > 1 {
+		d.Warnings = append(d.Warnings, fmt.Sprintf("%d kubeadm etcd backups (%s, plaintext copies of etcd) in %s: once this node is verified at the cluster's version, run provider-kubernetes prune-kubeadm-backups",
+			s.Count, status.HumanBytes(s.Bytes), s.Dir))
+	}
 }
 
 func (p *pass) writeStatus() {

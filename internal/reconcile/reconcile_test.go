@@ -229,12 +229,12 @@ func TestNewerImageOldPinIsANoOpWithWarning(t *testing.T) {
 func TestFirstControlPlaneApplies(t *testing.T) {
 	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
 	var snapshotTarget version.Version
-	res := e.run(Steps{EtcdSnapshot: func(ctx context.Context, target version.Version) string {
+	res := e.run(Steps{EtcdSnapshot: func(ctx context.Context, target version.Version) SnapshotReport {
 		snapshotTarget = target
 		if len(e.lines()) != 0 {
 			t.Errorf("snapshot after %q: it must come before apply", e.lines())
 		}
-		return "skipped-encryption-unconfirmed"
+		return SnapshotReport{Outcome: "skipped-encryption-unconfirmed"}
 	}})
 	if res.ExitCode != ExitOK {
 		t.Fatalf("exit %d: %v\n%s", res.ExitCode, res.Err, e.logBuf.String())
@@ -291,9 +291,9 @@ func TestUpgradeConfigurationIsHandedToKubeadm(t *testing.T) {
 
 func TestFollowerControlPlaneUpgradesNode(t *testing.T) {
 	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
-	res := e.run(Steps{EtcdSnapshot: func(context.Context, version.Version) string {
+	res := e.run(Steps{EtcdSnapshot: func(context.Context, version.Version) SnapshotReport {
 		t.Error("a follower must not snapshot")
-		return ""
+		return SnapshotReport{}
 	}})
 	if res.ExitCode != ExitOK || !reflect.DeepEqual(e.lines(), nodeLines) {
 		t.Fatalf("exit %d %v lines %q", res.ExitCode, res.Err, e.lines())
@@ -383,7 +383,10 @@ func TestRefusalsRunNothingAndTouchNothing(t *testing.T) {
 				before = e.node.Read(paths.APIServerManifest)
 			}
 			res := e.run(Steps{
-				EtcdSnapshot:  func(context.Context, version.Version) string { t.Error("snapshot on a refusal"); return "" },
+				EtcdSnapshot: func(context.Context, version.Version) SnapshotReport {
+					t.Error("snapshot on a refusal")
+					return SnapshotReport{}
+				},
 				RepairKubelet: func(context.Context, Observation) ([]string, error) { t.Error("repair on a refusal"); return nil, nil },
 			})
 			if res.ExitCode != ExitRefused || res.Plan.Refusal != c.code {

@@ -45,8 +45,18 @@ type Document struct {
 	Actions        []string `json:"actions,omitempty"`
 	LastAction     string   `json:"lastAction,omitempty"`
 	EtcdSnapshot   string   `json:"etcdSnapshot,omitempty"`
-	Time           string   `json:"time"`
-	BootID         string   `json:"bootID,omitempty"`
+	// KubeadmEtcdBackups counts kubeadm's own plaintext etcd copies
+	// (/etc/kubernetes/tmp/kubeadm-backup-etcd-*), when there are any.
+	KubeadmEtcdBackups *Backups `json:"kubeadmEtcdBackups,omitempty"`
+	Time               string   `json:"time"`
+	BootID             string   `json:"bootID,omitempty"`
+}
+
+// Backups summarises kubeadm's etcd backup copies.
+type Backups struct {
+	Count int    `json:"count"`
+	Bytes int64  `json:"bytes"`
+	Dir   string `json:"dir"`
 }
 
 // Write writes doc to the run file and the persistent mirror, both
@@ -121,6 +131,9 @@ func Print(w io.Writer, doc Document, format string) error {
 	line("Planned actions", strings.Join(doc.Actions, ", "))
 	line("Last action", doc.LastAction)
 	line("etcd snapshot", doc.EtcdSnapshot)
+	if b := doc.KubeadmEtcdBackups; b != nil {
+		line("kubeadm backups", fmt.Sprintf("%d etcd copies, %s, in %s", b.Count, HumanBytes(b.Bytes), b.Dir))
+	}
 	for _, w := range doc.Warnings {
 		line("Warning", w)
 	}
@@ -128,6 +141,20 @@ func Print(w io.Writer, doc Document, format string) error {
 	line("Boot ID", doc.BootID)
 	_, err := io.WriteString(w, sb.String())
 	return err
+}
+
+// HumanBytes renders a size for people ("1.5 GiB").
+func HumanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
 }
 
 // ErrNoStatus is returned when no status document exists yet.

@@ -1,0 +1,93 @@
+package reconcile
+
+import (
+	"context"
+	"log/slog"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kairos-io/provider-kubernetes/internal/etcdsnap"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/testbin"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/etcdtest"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// A frozen stacked etcd (the real 3.6.8 binary under SIGSTOP) in front of
+// the 1.36 -> 1.37 apply: the snapshot step fails within its bound, logs its
+// one line, puts its outcome and the member-version warning in the status,
+// and the apply still runs.
+func TestHungEtcdNeverBlocksTheApply(t *testing.T) {
+	bin := testbin.Etcd(t, "v3.6.8")
+	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
+	fs := etcdtest.EncryptedPersistent(t, e.node)
+	member := etcdtest.StartBinary(t, e.node, bin, "registry.k8s.io/etcd:3.6.8-0")
+	member.Pause()
+	t.Cleanup(member.Resume)
+	e.node.Write(paths.Etcdctl, "#!/bin/sh\nexit 0\n", 0o755) // present; never reached
+
+	log := slog.New(slog.NewTextHandler(e.logBuf, nil))
+	var took time.Duration
+	res := e.run(Steps{EtcdSnapshot: func(ctx context.Context, target version.Version) SnapshotReport {
+		start := time.Now()
+		r := etcdsnap.Take(ctx, etcdsnap.Options{Root: e.node.R(), Runner: runner.Exec{Root: e.node.Root}, Log: log, FS: fs,
+			Total: 6 * time.Second, Request: 2 * time.Second}, target)
+		took = time.Since(start)
+		return SnapshotReport{Outcome: string(r.Outcome), Warnings: r.Warnings}
+	}})
+	if res.ExitCode != ExitOK {
+		t.Fatalf("exit %d: %v\n%s", res.ExitCode, res.Err, e.logBuf.String())
+	}
+	if took > 11*time.Second {
+		t.Fatalf("the snapshot step took %s with a 6s bound", took)
+	}
+	if got := e.lines(); !reflect.DeepEqual(got, applyLines) {
+		t.Fatalf("commands %q, want %q", got, applyLines)
+	}
+	n := strings.Count(e.logBuf.String(), "etcd-snapshot outcome=")
+	if n != 1 {
+		t.Fatalf("%d etcd-snapshot outcome lines, want exactly one:\n%s", n, e.logBuf.String())
+	}
+	e.logHas(t, "msg=etcd-snapshot", "outcome=failed", "reason=")
+	e.logHas(t, "msg="+etcdsnap.EventVersionWarning)
+	e.logHas(t, "msg=upgrade-apply", "outcome=ok")
+	st := e.status(t)
+	if st.EtcdSnapshot != "failed" || st.NodeVersion != "v1.37.2" {
+		t.Fatalf("status %+v", st)
+	}
+	if len(st.Warnings) == 0 || !strings.Contains(strings.Join(st.Warnings, "\n"), "3.6.11") {
+		t.Fatalf("status warnings %q", st.Warnings)
+	}
+	e.noSecrets(t)
+}
+
+// kubeadm's own copies are counted in every status document, with a
+// warning once they accumulate.
+func TestStatusReportsKubeadmBackups(t *testing.T) {
+	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "")
+	e.node.Write(paths.KubeadmTmpDir+"/kubeadm-backup-etcd-2026-05-01-10-00-00/etcd/member/snap/db", strings.Repeat("x", 3000), 0o600)
+	if res := e.run(Steps{}); res.ExitCode != ExitOK {
+		t.Fatal(res.Err)
+	}
+	st := e.status(t)
+	if b := st.KubeadmEtcdBackups; b == nil || b.Count != 1 || b.Bytes != 3000 || b.Dir != paths.KubeadmTmpDir {
+		t.Fatalf("backups %+v", b)
+	}
+	if len(st.Warnings) != 0 {
+		t.Fatalf("one copy is expected after an upgrade, no warning: %q", st.Warnings)
+	}
+	e.node.Write(paths.KubeadmTmpDir+"/kubeadm-backup-etcd-2026-11-30-10-05-00/etcd/member/snap/db", strings.Repeat("x", 5000), 0o600)
+	if res := e.run(Steps{}); res.ExitCode != ExitOK {
+		t.Fatal(res.Err)
+	}
+	st = e.status(t)
+	if b := st.KubeadmEtcdBackups; b == nil || b.Count != 2 || b.Bytes != 8000 {
+		t.Fatalf("backups %+v", b)
+	}
+	if len(st.Warnings) != 1 || !strings.Contains(st.Warnings[0], "prune-kubeadm-backups") {
+		t.Fatalf("warnings %q", st.Warnings)
+	}
+}
