@@ -62,6 +62,14 @@ Usage:
       /etc/kubernetes, /var/lib/kubelet and /var/lib/etcd (kept as
       directories; never through a symlink or into another mount). The
       provider's etcd snapshots are kept.
+  provider-kubernetes etcd-snapshot --target vX.Y.Z [--root DIR]
+      The pre-upgrade etcd snapshot step alone, with the reconcile pass's rules
+      and its single "etcd-snapshot outcome=..." line (also appended to the
+      reconcile log). Exit 0 when taken or skipped, 1 when failed.
+  provider-kubernetes prune-kubeadm-backups [--keep N] [--root DIR]
+      Remove all but the newest N (default 1) of kubeadm's plaintext etcd
+      copies in /etc/kubernetes/tmp, only when this node is verified at the
+      cluster's version; never follows symlinks. Exit 3 when not verified.
   provider-kubernetes version
       This binary's version and supported window.
 
@@ -131,6 +139,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdJoinConfig(ctx, args[1:], stdout, stderr)
 	case "reset":
 		return cmdReset(ctx, args[1:], stdout, stderr)
+	case "etcd-snapshot":
+		return cmdEtcdSnapshot(ctx, args[1:], stdout, stderr)
+	case "prune-kubeadm-backups":
+		return cmdPruneKubeadmBackups(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "provider-kubernetes %s (release %s, Kubernetes %s)\n", Version, images.Get().Release, images.Window())
 		return reconcile.ExitOK
@@ -195,7 +207,7 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	boot := &bootstrap.Step{Root: r, Runner: run, Log: log}
 	res := reconcile.Run(ctx, reconcile.Options{
 		Root: r, ClusterFile: *clusterFile, Runner: run, Log: log,
-		Steps: reconcile.Steps{RepairKubelet: repairStep(r, run, log), Bootstrap: boot.Bootstrap},
+		Steps: reconcile.Steps{RepairKubelet: repairStep(r, run, log), Bootstrap: boot.Bootstrap, EtcdSnapshot: snapshotStep(r, run, log)},
 	})
 	if res.Err != nil {
 		fmt.Fprintf(stderr, "reconcile: %v\n", res.Err)
