@@ -262,8 +262,8 @@ func (e *Etcd) startEmbedded() {
 }
 
 // StartBinary starts the real etcd binary bin (testbin.Etcd) as the node's
-// member, with the manifest naming image.
-func StartBinary(t testing.TB, node *testutil.Node, bin, image string) *Etcd {
+// member, with the manifest naming image; extra are more etcd flags.
+func StartBinary(t testing.TB, node *testutil.Node, bin, image string, extra ...string) *Etcd {
 	t.Helper()
 	if !node.Exists(CACert) {
 		NewPKI(t, node)
@@ -278,7 +278,7 @@ func StartBinary(t testing.TB, node *testutil.Node, bin, image string) *Etcd {
 		"--cert-file=" + node.Path(ServerCert), "--key-file=" + node.Path(ServerKey), "--trusted-ca-file=" + node.Path(CACert), "--client-cert-auth=true",
 		"--peer-cert-file=" + node.Path(PeerCert), "--peer-key-file=" + node.Path(PeerKey), "--peer-trusted-ca-file=" + node.Path(CACert), "--peer-client-cert-auth=true",
 		"--log-level=error", "--listen-metrics-urls=http://127.0.0.1:" + fmt.Sprint(FreePort(t))}
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(bin, append(args, extra...)...)
 	logf, err := os.Create(filepath.Join(t.TempDir(), "etcd.log"))
 	if err != nil {
 		t.Fatal(err)

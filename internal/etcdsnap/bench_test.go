@@ -1,0 +1,173 @@
+package etcdsnap
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kairos-io/provider-kubernetes/internal/cryptgate"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/testbin"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/etcdtest"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// BenchmarkSnapshotStep compares the provider's snapshot step (etcdctl save
+// + sha256 + etcdutl snapshot status + key count + seal) with a bare
+// `etcdctl snapshot save` of the same database, served by the real etcd
+// 3.6.8 binary (what a 1.36 control plane runs before the 1.37 apply). The
+// step runs in a child process (this test binary, TestBenchStepChild) so
+// its peak RSS is the provider's alone. Database size: ETCDSNAP_BENCH_MB
+// (default 1024). Targets: step/bare <= 1.3, provider peak RSS <= 64 MiB.
+//
+//	go test -run '^$' -bench BenchmarkSnapshotStep -benchtime 1x ./internal/etcdsnap/
+func BenchmarkSnapshotStep(b *testing.B) {
+	if os.Getuid() != 0 {
+		b.Skip("writes root:root files: needs root")
+	}
+	mb := 1024
+	if s := os.Getenv("ETCDSNAP_BENCH_MB"); s != "" {
+		mb, _ = strconv.Atoi(s)
+	}
+	bin := testbin.Etcd(b, EtcdOnKubeadm136)
+	n := testutil.NewNode(b, "cp1")
+	etcdtest.BundleEtcdctl(b, n)
+	etcdtest.EncryptedPersistent(b, n)
+	e := etcdtest.StartBinary(b, n, bin, "registry.k8s.io/etcd:3.6.8-0", "--quota-backend-bytes=8589934592")
+	start := time.Now()
+	const valSize = 4096 // Kubernetes objects are a few KiB
+	e.PutKeys("/registry/bench/", mb*(1<<20)/valSize, valSize)
+	c := e.Client()
+	st, err := c.Status(context.Background(), e.ClientURL)
+	c.Close()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("database: %d MiB (%d keys of %d B) built in %s", st.DbSize>>20, mb*(1<<20)/valSize, valSize, time.Since(start).Round(time.Second))
+
+	etcdctl := testbin.Etcdctl(b, etcdtest.EtcdctlVersion)
+	var bareSum, stepSum time.Duration
+	var peakRSS, peakAnon, bareRSS int64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		// The bare command an operator would run, same flags, same disk.
+		out := filepath.Join(b.TempDir(), "bare.db")
+		cmd := exec.Command(etcdctl, "--endpoints="+e.ClientURL, "--cacert="+n.Path(etcdtest.CACert),
+			"--cert="+n.Path(etcdtest.HCCert), "--key="+n.Path(etcdtest.HCKey), "--dial-timeout=10s", "--command-timeout=5m",
+			"snapshot", "save", out)
+		t0 := time.Now()
+		if o, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("bare etcdctl: %v\n%s", err, o)
+		}
+		bare := time.Since(t0)
+		bareRSS = max(bareRSS, cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss<<10)
+		os.Remove(out)
+
+		step, rss, anon := runStepChild(b, n, version.Version{Major: 1, Minor: 37 + i, Patch: 0})
+		bareSum += bare
+		stepSum += step
+		peakRSS, peakAnon = max(peakRSS, rss), max(peakAnon, anon)
+		b.Logf("run %d: bare etcdctl %s, provider step %s (ratio %.2f), provider peak RSS %d MiB (anonymous %d MiB)",
+			i+1, bare.Round(time.Millisecond), step.Round(time.Millisecond), step.Seconds()/bare.Seconds(), rss>>20, anon>>20)
+	}
+	b.StopTimer()
+	b.ReportMetric(stepSum.Seconds()/bareSum.Seconds(), "step/bare")
+	b.ReportMetric(float64(peakRSS)/(1<<20), "provider-peak-RSS-MiB")
+	b.ReportMetric(float64(peakAnon)/(1<<20), "provider-peak-anon-MiB")
+	b.ReportMetric(float64(bareRSS)/(1<<20), "etcdctl-peak-RSS-MiB")
+	b.ReportMetric(float64(st.DbSize)/(1<<20), "db-MiB")
+}
+
+// runStepChild runs one Take in a child process and returns its duration
+// (as the child measured it), its peak RSS and its sampled peak anonymous RSS.
+func runStepChild(b *testing.B, n *testutil.Node, target version.Version) (time.Duration, int64, int64) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBenchStepChild$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "ETCDSNAP_BENCH_CHILD="+n.Root, "ETCDSNAP_BENCH_TARGET="+target.String())
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	var peakAnon int64
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if a := rssAnon(cmd.Process.Pid); a > peakAnon {
+				peakAnon = a
+			}
+		}
+	}()
+	var took time.Duration
+	var lines []string
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		l := sc.Text()
+		lines = append(lines, l)
+		if rest, ok := strings.CutPrefix(l, "BENCH-RESULT "); ok {
+			f := strings.Fields(rest)
+			if len(f) != 2 || f[0] != string(Taken) {
+				b.Errorf("step: %s", rest)
+			}
+			if len(f) == 2 {
+				took, _ = time.ParseDuration(f[1])
+			}
+		}
+	}
+	err = cmd.Wait()
+	close(done)
+	if err != nil || took == 0 {
+		b.Fatalf("step child: %v\n%s", err, strings.Join(lines, "\n"))
+	}
+	return took, cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss << 10, peakAnon
+}
+
+func rssAnon(pid int) int64 {
+	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(s), "\n") {
+		if v, ok := strings.CutPrefix(l, "RssAnon:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// TestBenchStepChild is the benchmark's child: one Take on the parent's node.
+func TestBenchStepChild(t *testing.T) {
+	root := os.Getenv("ETCDSNAP_BENCH_CHILD")
+	if root == "" {
+		t.Skip("the child half of BenchmarkSnapshotStep")
+	}
+	target := version.MustParse(os.Getenv("ETCDSNAP_BENCH_TARGET"))
+	r := paths.Root(root)
+	o := Options{Root: r, Runner: runner.Exec{Root: root}, Log: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		FS: etcdtest.PersistFS{Prefix: r.Path("/usr/local"), Dev: cryptgate.Dev{Major: 254, Minor: 0}}}
+	start := time.Now()
+	res := Take(context.Background(), o, target)
+	fmt.Printf("BENCH-RESULT %s %s\n", res.Outcome, time.Since(start))
+	if res.Outcome != Taken {
+		t.Fatalf("%+v", res)
+	}
+}
