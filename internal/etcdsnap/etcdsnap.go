@@ -68,7 +68,8 @@ type Options struct {
 	// FS is the stat/statfs seam of the encryption gate; nil is the kernel's.
 	FS  cryptgate.FS
 	Now func() time.Time
-	// Total bounds the attempt (DefaultTotal); Request one client request.
+	// Total bounds the attempt (0: ctx's deadline, else DefaultTotal);
+	// Request bounds one client request (DefaultRequest).
 	Total, Request time.Duration
 }
 
@@ -87,6 +88,8 @@ type Result struct {
 	Keys      int
 	Hash      uint32
 	Pruned    int
+	// SaveTook is etcdctl's time, VerifyTook the verification's (taken only).
+	SaveTook, VerifyTook time.Duration
 }
 
 // Take runs one attempt for target and logs its one line. It never blocks
@@ -102,7 +105,11 @@ func Take(ctx context.Context, o Options, target version.Version) (res Result) {
 		o.FS = cryptgate.RealFS{}
 	}
 	if o.Total <= 0 {
+		// The caller's bound (the pass's etcdSnapshot budget), else two minutes.
 		o.Total = DefaultTotal
+		if dl, ok := ctx.Deadline(); ok {
+			o.Total = time.Until(dl)
+		}
 	}
 	if o.Request <= 0 {
 		o.Request = DefaultRequest
@@ -130,7 +137,8 @@ func (a *attempt) logLine(res Result) {
 	case Taken:
 		level = slog.LevelInfo
 		attrs = append(attrs, "path", res.Path, "cluster_id", fmt.Sprintf("%016x", res.ClusterID), "db_size", res.DBSize,
-			"revision", res.Revision, "keys", res.Keys, "hash", fmt.Sprintf("%08x", res.Hash), "pruned", res.Pruned)
+			"revision", res.Revision, "keys", res.Keys, "hash", fmt.Sprintf("%08x", res.Hash), "pruned", res.Pruned,
+			"save", res.SaveTook.Round(time.Millisecond).String(), "verify", res.VerifyTook.Round(time.Millisecond).String())
 	case SkippedAlreadyTaken:
 		level = slog.LevelInfo
 		attrs = append(attrs, "path", res.Path)
@@ -355,10 +363,12 @@ func (a *attempt) save(ctx context.Context, v cryptgate.Verdict, clusterID uint6
 		fmt.Sprintf("--dial-timeout=%ds", int(dial.Seconds())), fmt.Sprintf("--command-timeout=%ds", int(budget.Seconds())),
 		"snapshot", "save", fullPart,
 	}
+	t0 := time.Now()
 	if _, err := a.o.Runner.Run(ctx, runner.Cmd{Path: paths.Etcdctl, Args: args, Timeout: budget}); err != nil {
 		cleanup()
 		return failed("etcdctl snapshot save: %v", err)
 	}
+	t1 := time.Now()
 	st, err := verifyFile(ctx, a.o.FS, fullPart, v.Dev)
 	if err != nil {
 		cleanup()
@@ -377,7 +387,8 @@ func (a *attempt) save(ctx context.Context, v cryptgate.Verdict, clusterID uint6
 		return failed("rename %s: %v", part, err)
 	}
 	syncDir(root.Path(paths.EtcdBackupDir))
-	res := Result{Outcome: Taken, Path: final, Revision: st.Revision, Keys: st.TotalKey, Hash: st.Hash}
+	res := Result{Outcome: Taken, Path: final, Revision: st.Revision, Keys: st.TotalKey, Hash: st.Hash,
+		SaveTook: t1.Sub(t0), VerifyTook: time.Since(t1)}
 	res.Pruned = a.prune(filepath.Base(final))
 	return res
 }

@@ -296,8 +296,11 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 			p.Log.Warn(EventStepUnavailble, "action", string(a))
 			return "", nil
 		}
-		// Never blocks the upgrade: the outcome is reported, the pass goes on.
-		r := p.Steps.EtcdSnapshot(ctx, pl.Pin)
+		// Never blocks the upgrade: bounded by its budget, the outcome is
+		// reported, the pass goes on.
+		sctx, cancel := context.WithTimeout(ctx, p.Budgets.EtcdSnapshot)
+		defer cancel()
+		r := p.Steps.EtcdSnapshot(sctx, pl.Pin)
 		p.doc.EtcdSnapshot = r.Outcome
 		p.notes = append(p.notes, r.Warnings...)
 		p.doc.Warnings = append(p.doc.Warnings, r.Warnings...)
