@@ -11,6 +11,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/etcdsnap"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil/etcdtest"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
@@ -89,5 +90,9 @@ func TestStatusReportsKubeadmBackups(t *testing.T) {
 	}
 	if len(st.Warnings) != 1 || !strings.Contains(st.Warnings[0], "prune-kubeadm-backups") {
 		t.Fatalf("warnings %q", st.Warnings)
+	}
+	var text strings.Builder
+	if err := status.Print(&text, st, "text"); err != nil || !strings.Contains(text.String(), "kubeadm backups: 2 etcd copies, 7.8 KiB, in /etc/kubernetes/tmp") {
+		t.Fatalf("%v\n%s", err, text.String())
 	}
 }
