@@ -148,17 +148,34 @@ func ensureRootfs(ctx context.Context, o BaseOptions, tl tools) (string, error) 
 	fmt.Fprintf(o.Log, "e2e: building the node base rootfs (debootstrap %s from %s: about a minute cold, cached by content in %s)\n", Suite, o.Mirror, dir)
 	start := time.Now()
 	target := filepath.Join(part, "rootfs")
-	res, err := o.Runner.Run(ctx, runner.Cmd{
-		Path:    tl.path("debootstrap"),
-		Args:    []string{"--variant=minbase", "--include=" + strings.Join(BasePackages, ","), Suite, target, o.Mirror},
-		Timeout: o.Budget,
-	})
-	if err != nil {
+	// Two attempts: a mirror hiccup in the middle of a minute of downloads
+	// should not fail a CI run.
+	var err error
+	for attempt := 1; attempt <= 2; attempt++ {
+		if err = os.RemoveAll(target); err != nil {
+			return "", err
+		}
+		var res runner.Result
+		res, err = o.Runner.Run(ctx, runner.Cmd{
+			Path:    tl.path("debootstrap"),
+			Args:    []string{"--variant=minbase", "--include=" + strings.Join(BasePackages, ","), Suite, target, o.Mirror},
+			Timeout: o.Budget,
+		})
+		if err == nil {
+			break
+		}
 		detail := tailLines(string(res.Stdout)+string(res.Stderr), 15)
 		if b, rerr := os.ReadFile(filepath.Join(target, "debootstrap", "debootstrap.log")); rerr == nil {
 			detail += "\n--- debootstrap.log tail ---\n" + tailLines(string(b), 15)
 		}
-		return "", fmt.Errorf("debootstrap %s: %w\n%s", Suite, err, detail)
+		err = fmt.Errorf("debootstrap %s (attempt %d): %w\n%s", Suite, attempt, err, detail)
+		fmt.Fprintf(o.Log, "e2e: %v\n", err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
+		return "", err
 	}
 	if err := trimRootfs(target); err != nil {
 		return "", err

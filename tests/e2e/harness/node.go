@@ -210,15 +210,97 @@ func nspawnArgs(s bootSpec) []string {
 }
 
 // Boot starts the container and waits, within the cluster's boot budget,
-// until systemd inside reports running or degraded. On failure the error
-// carries the console and journal tails.
+// until systemd inside reports running or degraded: startup finished, every
+// oneshot of multi-user.target done (with the provider's tree that includes
+// a whole reconcile pass: size BootBudget for it, or use Start and
+// WaitUnit). On failure the node is killed and the error carries the
+// console and journal tails.
 func (n *Node) Boot(ctx context.Context) error {
 	n.op.Lock()
 	defer n.op.Unlock()
-	return n.boot(ctx)
+	return n.boot(ctx, true)
 }
 
-func (n *Node) boot(ctx context.Context) error {
+// Start starts the container and returns as soon as systemd inside
+// answers (startup may still be running): for scenarios that watch a long
+// boot unit with WaitUnit.
+func (n *Node) Start(ctx context.Context) error {
+	n.op.Lock()
+	defer n.op.Unlock()
+	return n.boot(ctx, false)
+}
+
+// untilExit is ctx, also cancelled when the current nspawn exits.
+func (n *Node) untilExit(ctx context.Context) (context.Context, context.CancelFunc) {
+	n.mu.Lock()
+	done := n.done
+	n.mu.Unlock()
+	cctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-done:
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	return cctx, cancel
+}
+
+// WaitSystem waits within budget until systemd in the running node reports
+// running or degraded (startup finished) and returns which.
+func (n *Node) WaitSystem(ctx context.Context, budget time.Duration) (string, error) {
+	if !n.Running() {
+		return "", fmt.Errorf("node %s: %w", n.Name, ErrNotRunning)
+	}
+	wctx, cancel := n.untilExit(ctx)
+	defer cancel()
+	state, err := n.waitSystem(wctx, budget, true)
+	if err != nil {
+		return state, fmt.Errorf("node %s: %w", n.Name, n.exitNote(err))
+	}
+	n.mu.Lock()
+	n.state = state
+	n.mu.Unlock()
+	return state, nil
+}
+
+// waitSystem polls systemctl is-system-running: with full, until startup
+// finished (running or degraded); without, until systemd answers at all.
+func (n *Node) waitSystem(ctx context.Context, budget time.Duration, full bool) (string, error) {
+	var state string
+	args, what := []string{"systemctl", "is-system-running"}, "systemd answering in the node"
+	if full {
+		args, what = append(args, "--wait"), "systemd running in the node"
+	}
+	err := wait.Poll(ctx, nil, wait.Budget{Total: budget, Interval: time.Second, PerAttempt: 30 * time.Second},
+		what, func(actx context.Context) (bool, error) {
+			res, err := n.exec(actx, args)
+			state = strings.TrimSpace(string(res.Stdout))
+			switch {
+			case state == "running" || state == "degraded":
+				return true, nil
+			case state == "":
+				return false, err
+			case !full && state != "offline" && state != "unknown":
+				return true, nil
+			}
+			return false, fmt.Errorf("systemd is %s", state)
+		})
+	return state, err
+}
+
+// exitNote adds nspawn's exit to err when the container is gone.
+func (n *Node) exitNote(err error) error {
+	n.mu.Lock()
+	done, ee := n.done, n.exitErr
+	n.mu.Unlock()
+	if closed(done) {
+		return fmt.Errorf("%w (the container exited: %v)", err, ee)
+	}
+	return err
+}
+
+func (n *Node) boot(ctx context.Context, full bool) error {
 	c := n.c
 	if n.Running() {
 		return fmt.Errorf("node %s: already running", n.Name)
@@ -279,25 +361,13 @@ func (n *Node) boot(ctx context.Context) error {
 	}()
 
 	// Abort the waits at once when nspawn exits.
-	bctx, cancel := context.WithCancel(ctx)
+	bctx, cancel := n.untilExit(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-done:
-			cancel()
-		case <-bctx.Done():
-		}
-	}()
 	fail := func(what string, err error) error {
 		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer dcancel()
 		diag := n.Diagnostics(dctx)
-		if closed(done) {
-			n.mu.Lock()
-			ee := n.exitErr
-			n.mu.Unlock()
-			err = fmt.Errorf("%w (nspawn exited: %v)", err, ee)
-		}
+		err = n.exitNote(err)
 		_ = n.kill(dctx, "boot failed")
 		return fmt.Errorf("node %s: %s: %w\n%s", n.Name, what, err, diag)
 	}
@@ -323,19 +393,7 @@ func (n *Node) boot(ctx context.Context) error {
 	if err := c.saveRecord(); err != nil {
 		return fail("record", err)
 	}
-	var state string
-	err = wait.Poll(bctx, nil, wait.Budget{Total: c.o.BootBudget, Interval: time.Second, PerAttempt: 30 * time.Second},
-		"systemd running in the node", func(actx context.Context) (bool, error) {
-			res, err := n.exec(actx, []string{"systemctl", "is-system-running", "--wait"})
-			state = strings.TrimSpace(string(res.Stdout))
-			switch state {
-			case "running", "degraded":
-				return true, nil
-			case "":
-				return false, err
-			}
-			return false, fmt.Errorf("systemd is %s", state)
-		})
+	state, err := n.waitSystem(bctx, c.o.BootBudget, full)
 	if err != nil {
 		return fail("wait for systemd", err)
 	}
@@ -526,7 +584,7 @@ func (n *Node) Reboot(ctx context.Context) error {
 	if err := n.stop(ctx); err != nil {
 		return err
 	}
-	return n.boot(ctx)
+	return n.boot(ctx, true)
 }
 
 // SwapTree is the A/B image swap: stop the node (in order), put dir as the
@@ -546,7 +604,121 @@ func (n *Node) SwapTree(ctx context.Context, dir string) error {
 	n.tree = dir
 	n.mu.Unlock()
 	n.c.o.Logf("e2e: node %s: image swap %s -> %s", n.Name, old, dir)
-	return n.boot(ctx)
+	return n.boot(ctx, true)
+}
+
+// SetTree puts dir as the OS tree of the node's next boot; the node must be
+// stopped (SwapTree does stop, swap and boot in one).
+func (n *Node) SetTree(dir string) error {
+	if err := ValidateTree(dir); err != nil {
+		return fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	n.op.Lock()
+	defer n.op.Unlock()
+	if n.Running() {
+		return fmt.Errorf("node %s: set tree while running: stop it first", n.Name)
+	}
+	n.mu.Lock()
+	n.tree = dir
+	n.mu.Unlock()
+	return nil
+}
+
+// WriteClusterFile writes the node's cloud-config cluster section (where an
+// operator bumps the pin) into its persistent state, 0600; the stand-in for
+// Kairos's boot stage copies it to /run/provider-kubernetes/cluster.yaml on
+// the next boot.
+func (n *Node) WriteClusterFile(data []byte) error {
+	return n.WriteFile(OEMClusterFile, data, 0o600)
+}
+
+// UnitState is what systemd says about a unit in the current boot.
+type UnitState struct {
+	Unit           string
+	ActiveState    string // active, activating, inactive, failed, ...
+	SubState       string
+	Result         string // success, exit-code, timeout, signal, ...
+	ExecMainStatus int    // the exit code of its main process (the provider's: 0 ok, 1 failed, 3 refused)
+	Finished       bool   // its main process ran and exited in this boot (or the unit failed)
+}
+
+func (u UnitState) String() string {
+	return fmt.Sprintf("%s %s/%s result=%s status=%d", u.Unit, u.ActiveState, u.SubState, u.Result, u.ExecMainStatus)
+}
+
+// unitShowProps are the properties UnitState reads.
+var unitShowProps = []string{"ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainExitTimestampMonotonic"}
+
+// parseUnitShow reads `systemctl show -p ...` output (KEY=VALUE lines).
+func parseUnitShow(unit, out string) UnitState {
+	u := UnitState{Unit: unit}
+	exited := false
+	for _, l := range strings.Split(out, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(l), "=")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "ActiveState":
+			u.ActiveState = v
+		case "SubState":
+			u.SubState = v
+		case "Result":
+			u.Result = v
+		case "ExecMainStatus":
+			u.ExecMainStatus, _ = strconv.Atoi(v)
+		case "ExecMainExitTimestampMonotonic":
+			exited = v != "" && v != "0"
+		}
+	}
+	u.Finished = u.ActiveState == "failed" || exited && u.ActiveState != "activating" && u.ActiveState != "deactivating"
+	return u
+}
+
+// UnitState reads a unit's state in the running node.
+func (n *Node) UnitState(ctx context.Context, unit string) (UnitState, error) {
+	args := []string{"systemctl", "show", unit}
+	for _, p := range unitShowProps {
+		args = append(args, "-p", p)
+	}
+	out, err := n.Output(ctx, args...)
+	if err != nil {
+		return UnitState{Unit: unit}, err
+	}
+	return parseUnitShow(unit, out), nil
+}
+
+// WaitUnit waits within budget until unit has run and finished in this
+// boot (a oneshot such as the reconcile pass), and returns how it ended.
+// The wait ends early if the container exits.
+func (n *Node) WaitUnit(ctx context.Context, unit string, budget time.Duration) (UnitState, error) {
+	if !n.Running() {
+		return UnitState{Unit: unit}, fmt.Errorf("node %s: %w", n.Name, ErrNotRunning)
+	}
+	wctx, cancel := n.untilExit(ctx)
+	defer cancel()
+	var last UnitState
+	err := wait.Poll(wctx, nil, wait.Budget{Total: budget, Interval: 2 * time.Second, PerAttempt: 30 * time.Second},
+		"node "+n.Name+": "+unit+" finished", func(actx context.Context) (bool, error) {
+			u, err := n.UnitState(actx, unit)
+			if err != nil {
+				return false, err
+			}
+			last = u
+			if u.Finished {
+				return true, nil
+			}
+			return false, fmt.Errorf("%s", u)
+		})
+	if err != nil {
+		return last, n.exitNote(err)
+	}
+	return last, nil
+}
+
+// UnitJournal is the unit's journal of this boot, messages only.
+func (n *Node) UnitJournal(ctx context.Context, unit string) (string, error) {
+	return n.Output(ctx, "journalctl", "-b", "-u", unit, "--no-pager", "-o", "cat")
 }
 
 // shutdown is Cleanup's stop: orderly, then hard, then the cgroups.

@@ -117,7 +117,7 @@ func TestNodeLifecycleSmoke(t *testing.T) {
 	}
 	// The cluster section, as the harness keeps it in persistent state.
 	cluster := []byte("cluster_token: not-a-real-token\nrole: init\n")
-	if err := n1.WriteFile(OEMClusterFile, cluster, 0o600); err != nil {
+	if err := n1.WriteClusterFile(cluster); err != nil {
 		t.Fatal(err)
 	}
 	for k, v := range map[string]string{"kernel.panic": "10", "kernel.panic_on_oops": "1", "vm.overcommit_memory": "1"} {
@@ -244,8 +244,16 @@ func TestNodeLifecycleSmoke(t *testing.T) {
 		if b, err := n1.ReadFile("/usr/share/pk-smoke/tree"); err != nil || string(b) != "B\n" {
 			t.Errorf("stopped read of the tree: %q, %v", b, err)
 		}
-		if err := n1.Boot(ctx); err != nil {
+		// Start returns once systemd answers; the scenarios then watch their unit.
+		if err := n1.Start(ctx); err != nil {
 			t.Fatal(err)
+		}
+		u, err := n1.WaitUnit(ctx, "provider-kubernetes-reconcile.service", time.Minute)
+		if err != nil || u.Result != "success" || u.ExecMainStatus != 0 || !u.Finished {
+			t.Errorf("reconcile stand-in: %v (%v)", u, err)
+		}
+		if state, err := n1.WaitSystem(ctx, time.Minute); err != nil || state != "running" {
+			t.Errorf("after Start: systemd %q (%v)", state, err)
 		}
 		if got := mustOut(t, ctx, n1, "cat", "/var/lib/pk-smoke/crash", "/var/lib/pk-smoke/state"); got != "before-crash\nkept" {
 			t.Errorf("state after the crash %q", got)
@@ -265,6 +273,16 @@ func TestNodeLifecycleSmoke(t *testing.T) {
 		units, err := n2.FailedUnits(ctx)
 		if err != nil || len(units) != 1 || units[0] != "pk-smoke-fail.service" {
 			t.Errorf("failed units %v (%v)", units, err)
+		}
+		u, err := n2.WaitUnit(ctx, "pk-smoke-fail.service", 10*time.Second)
+		if err != nil || u.ActiveState != "failed" || u.Result != "exit-code" || u.ExecMainStatus != 3 {
+			t.Errorf("failing unit: %v (%v)", u, err)
+		}
+		if j, err := n2.UnitJournal(ctx, "pk-smoke-fail.service"); err != nil || !strings.Contains(j, "pk-smoke-fail-ran") {
+			t.Errorf("unit journal %q (%v)", j, err)
+		}
+		if err := n2.SetTree(treeA); err == nil {
+			t.Error("SetTree on a running node must be refused")
 		}
 		if d := n2.Diagnostics(ctx); !strings.Contains(d, "pk-smoke-fail-ran") || !strings.Contains(d, "failed units: pk-smoke-fail.service") || !strings.Contains(d, "pk-smoke-fail.service: Failed with result 'exit-code'") {
 			t.Errorf("diagnostics of a running node lack the failed unit's journal:\n%s", d)
@@ -309,4 +327,30 @@ func TestNodeLifecycleSmoke(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(recordsDir(), c.Name+".json")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("cluster record left: %v", err)
 	}
+}
+
+// BenchmarkNodeBootStop is one node's boot (container start until systemd
+// reports running, containerd up) plus its orderly poweroff, warm base.
+func BenchmarkNodeBootStop(b *testing.B) {
+	Require(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	base, err := EnsureBase(ctx, BaseOptions{Log: testWriter{b}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := New(b, Options{Base: base, Logf: func(string, ...any) {}})
+	n, err := c.AddNode(ctx, NodeSpec{Name: "bench", Tree: smokeTree(b, "A", false)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := n.Boot(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := n.Stop(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(n.PeakMemory())/(1<<20), "peak-MiB")
 }
