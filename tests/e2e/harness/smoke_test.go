@@ -354,3 +354,50 @@ func BenchmarkNodeBootStop(b *testing.B) {
 	}
 	b.ReportMetric(float64(n.PeakMemory())/(1<<20), "peak-MiB")
 }
+
+// TestBootFailureIsDiagnosed boots a tree whose init dies at once: Boot
+// fails fast (not at the end of its budget) with the console in the error,
+// and leaves no process or cgroup of the node behind.
+func TestBootFailureIsDiagnosed(t *testing.T) {
+	Require(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	base, err := EnsureBase(ctx, BaseOptions{Log: testWriter{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree := filepath.Join(t.TempDir(), "broken")
+	initPath := filepath.Join(tree, "usr/lib/systemd/systemd")
+	if err := os.MkdirAll(filepath.Dir(initPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(initPath, []byte("#!/bin/sh\necho pk-broken-init-ran\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := New(t, Options{Base: base, BootBudget: 2 * time.Minute})
+	n, err := c.AddNode(ctx, NodeSpec{Name: "broken", Tree: tree})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = n.Boot(ctx)
+	took := time.Since(start)
+	if err == nil {
+		t.Fatal("a tree whose init exits booted")
+	}
+	if !strings.Contains(err.Error(), "pk-broken-init-ran") || !strings.Contains(err.Error(), "console") {
+		t.Errorf("the error lacks the console:\n%v", err)
+	}
+	t.Logf("boot failed after %s: %.600s", took, err)
+	if took > time.Minute {
+		t.Errorf("Boot took %s to notice the container exited", took)
+	}
+	if n.Running() {
+		t.Error("node running after a failed boot")
+	}
+	for _, h := range c.hier {
+		if _, err := os.Stat(h.Dir(n.cgroup)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("cgroup %s left after a failed boot", h.Dir(n.cgroup))
+		}
+	}
+}
