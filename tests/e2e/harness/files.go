@@ -45,9 +45,11 @@ const ContainerdConfig = `version = 2
 `
 
 // fixupUnit makes an nspawn container a usable kubelet host: nspawn mounts
-// the cgroup hierarchies read-only (kubelet and runc write them), there is
-// no /dev/kmsg (kubelet's OOM watcher opens it), and / must be rshared for
-// the mount propagation of pod volumes.
+// the cgroup hierarchies read-only (kubelet and runc write them; only a
+// bind remount flips the mount's flag, a plain remount asks to change the
+// cgroup superblock and gets EBUSY), there is no /dev/kmsg (kubelet's OOM
+// watcher opens it), and / must be rshared for the mount propagation of pod
+// volumes.
 const fixupUnit = `# Test harness only (tests/e2e/harness): what a real node's kernel gives
 # kubelet and runc and an nspawn container does not.
 [Unit]
@@ -59,7 +61,9 @@ Before=containerd.service kubelet.service
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/bin/sh -c 'mount -o remount,rw /sys/fs/cgroup; for d in /sys/fs/cgroup/*; do mount -o remount,rw "$d" || true; done; [ -e /dev/kmsg ] || ln -s /dev/console /dev/kmsg; mount --make-rshared /'
+ExecStart=/bin/sh -c 'set -e; for d in /sys/fs/cgroup /sys/fs/cgroup/*; do [ -L "$d" ] || mount -o remount,bind,rw "$d"; done'
+ExecStart=/bin/sh -c '[ -e /dev/kmsg ] || ln -s /dev/console /dev/kmsg'
+ExecStart=/bin/mount --make-rshared /
 `
 
 // clusterConfigUnit stands in for Kairos's boot stage.

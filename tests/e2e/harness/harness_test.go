@@ -330,3 +330,33 @@ func TestParseUnitShow(t *testing.T) {
 		}
 	}
 }
+
+func TestExecArgv(t *testing.T) {
+	procs := []string{"/sys/fs/cgroup/memory/p/pk-e2e-c-n1/cgroup.procs", "/sys/fs/cgroup/systemd/pk-e2e-c-n1/payload/cgroup.procs"}
+	got := execArgv(procs, "/usr/bin/nsenter", 4242, []string{"systemctl", "is-system-running"})
+	want := append(append([]string{"-c", execScript, "pk-e2e-exec"}, procs...),
+		"--", "/usr/bin/nsenter", "-t", "4242", "-a", "--", "systemctl", "is-system-running")
+	if !slices.Equal(got, want) {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+}
+
+func TestContainerCgroups(t *testing.T) {
+	// systemd PID 1 of a node: at the node's root in the controllers, in
+	// /init.scope under nspawn's payload cgroup in the hierarchies it manages.
+	leader := "9:name=systemd:/pk-e2e-c-n1/payload/init.scope\n4:memory:/process_api/e30f/pk-e2e-c-n1\n3:cpuset:/pk-e2e-c-n1\n1:cpu:/pk-e2e-c-n1\n0::/pk-e2e-c-n1/payload/init.scope\n"
+	got, err := containerCgroups(hostMountinfo, leader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"/sys/fs/cgroup/cpu/pk-e2e-c-n1/cgroup.procs",
+		"/sys/fs/cgroup/cpuset/pk-e2e-c-n1/cgroup.procs",
+		"/sys/fs/cgroup/memory/process_api/e30f/pk-e2e-c-n1/cgroup.procs",
+		"/sys/fs/cgroup/systemd/pk-e2e-c-n1/payload/cgroup.procs",
+		"/sys/fs/cgroup/unified/pk-e2e-c-n1/payload/cgroup.procs",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+}

@@ -49,7 +49,8 @@ type Node struct {
 	boots     int
 	bootTook  time.Duration
 	peak      uint64
-	consoleAt int64 // console.log offset where the current boot starts
+	consoleAt int64    // console.log offset where the current boot starts
+	execProcs []string // cgroup.procs of the container's cgroup roots (Exec joins them)
 }
 
 func (n *Node) upper() string      { return filepath.Join(n.Dir, "upper") }
@@ -382,8 +383,20 @@ func (n *Node) boot(ctx context.Context, full bool) error {
 			if err != nil {
 				return false, err
 			}
+			mi, err := os.ReadFile("/proc/self/mountinfo")
+			if err != nil {
+				return false, err
+			}
+			lc, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+			if err != nil {
+				return false, err
+			}
+			procs, err := containerCgroups(string(mi), string(lc))
+			if err != nil {
+				return false, err
+			}
 			n.mu.Lock()
-			n.leader = holder{PID: pid, Start: st}
+			n.leader, n.execProcs = holder{PID: pid, Start: st}, procs
 			n.mu.Unlock()
 			return true, nil
 		})
@@ -432,11 +445,42 @@ func (n *Node) exec(ctx context.Context, args []string) (runner.Result, error) {
 	if pid == 0 {
 		return runner.Result{}, ErrNotRunning
 	}
-	return n.c.o.Runner.Run(ctx, runner.Cmd{
-		Path:    n.c.tools.path("nsenter"),
-		Args:    append([]string{"-t", strconv.Itoa(pid), "-a", "--"}, args...),
-		Timeout: 10 * time.Minute,
-	})
+	n.mu.Lock()
+	procs := n.execProcs
+	n.mu.Unlock()
+	return n.c.o.Runner.Run(ctx, runner.Cmd{Path: "/bin/sh", Args: execArgv(procs, n.c.tools.path("nsenter"), pid, args), Timeout: 10 * time.Minute})
+}
+
+// containerCgroups are the cgroup.procs files of the container's cgroup
+// roots: where its systemd sits, less systemd's own /init.scope (nspawn
+// puts the payload one level down in the hierarchies systemd manages).
+func containerCgroups(mountinfo, leaderCgroup string) ([]string, error) {
+	hs, err := parseHierarchies(mountinfo, leaderCgroup)
+	if err != nil {
+		return nil, err
+	}
+	var procs []string
+	for _, h := range hs {
+		p := strings.TrimSuffix(h.Parent, "/init.scope")
+		procs = append(procs, filepath.Join(h.Mount, p, "cgroup.procs"))
+	}
+	return procs, nil
+}
+
+// execScript joins the node's cgroups (so what runs inside is accounted to
+// the node, sees itself at its cgroup root like the node's own processes,
+// and dies with it), then execs nsenter.
+const execScript = `set -e
+while [ "$1" != -- ]; do echo $$ > "$1"; shift; done
+shift
+exec "$@"`
+
+// execArgv is the /bin/sh command line of Exec: join the container's
+// cgroup roots, then nsenter into all of its namespaces.
+func execArgv(procs []string, nsenter string, pid int, args []string) []string {
+	a := append([]string{"-c", execScript, "pk-e2e-exec"}, procs...)
+	a = append(a, "--", nsenter, "-t", strconv.Itoa(pid), "-a", "--")
+	return append(a, args...)
 }
 
 // Output runs a command inside the node and returns its trimmed stdout.

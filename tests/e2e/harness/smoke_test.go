@@ -8,7 +8,9 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -72,6 +74,25 @@ ExecStart=/bin/sh -c 'stat -c %%a /run/provider-kubernetes/cluster.yaml > /run/p
 		}
 	}
 	return dir
+}
+
+// buildHello builds a static binary that prints its PID and cgroups.
+func buildHello(t testing.TB, ctx context.Context) string {
+	t.Helper()
+	dir := t.TempDir()
+	src := filepath.Join(dir, "main.go")
+	prog := "package main\n\nimport (\n\t\"fmt\"\n\t\"os\"\n)\n\nfunc main() {\n\tb, _ := os.ReadFile(\"/proc/self/cgroup\")\n\tfmt.Printf(\"hello from pid %d\\n%s\", os.Getpid(), b)\n}\n"
+	if err := os.WriteFile(src, []byte(prog), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "hello")
+	cmd := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-trimpath", "-ldflags=-s -w", "-o", out, src)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GO111MODULE=off")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build hello: %v\n%s", err, b)
+	}
+	return out
 }
 
 func mustOut(t testing.TB, ctx context.Context, n *Node, args ...string) string {
@@ -161,6 +182,26 @@ func TestNodeLifecycleSmoke(t *testing.T) {
 		}
 		if got := mustOut(t, ctx, n1, "readlink", "/dev/kmsg"); got != "/dev/console" {
 			t.Errorf("/dev/kmsg -> %q", got)
+		}
+		// Exec'd commands live in the node's cgroups, at its root.
+		if got := mustOut(t, ctx, n1, "cat", "/proc/self/cgroup"); strings.Contains(got, "..") || !strings.Contains(got, "memory:/\n") {
+			t.Errorf("exec'd process cgroups:\n%s", got)
+		}
+	})
+
+	t.Run("runc", func(t *testing.T) {
+		// A real container: runc under containerd with cgroupfs on the
+		// rw-remounted v1 hierarchies, the keyring and bpf syscalls allowed.
+		b, err := os.ReadFile(buildHello(t, ctx))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n1.WriteFile("/opt/pk-smoke/rootfs/hello", b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		out := mustOut(t, ctx, n1, "ctr", "run", "--rm", "--rootfs", "/opt/pk-smoke/rootfs", "pk-smoke", "/hello")
+		if !strings.Contains(out, "hello from pid 1\n") || !strings.Contains(out, "memory:/default/pk-smoke") {
+			t.Errorf("container output:\n%s", out)
 		}
 	})
 
