@@ -76,6 +76,53 @@ ExecStart=/bin/sh -c 'stat -c %%a /run/provider-kubernetes/cluster.yaml > /run/p
 	return dir
 }
 
+// hostOriginals is what the host sysctls are when no cluster holds them:
+// the record's originals while another cluster (another test package) is up.
+func hostOriginals(t testing.TB) map[string]string {
+	t.Helper()
+	var orig map[string]string
+	err := withStateLock(func() error {
+		var rec sysctlRecord
+		ok, err := loadJSON(sysctlRecordPath(), &rec)
+		if err != nil {
+			return err
+		}
+		if ok && rec.BootID == bootID() {
+			orig = rec.Orig
+			return nil
+		}
+		orig, err = readSysctls()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return orig
+}
+
+// hostSysctlsNow reads the host sysctls and whether some cluster still holds them.
+func hostSysctlsNow(t testing.TB) (map[string]string, bool) {
+	t.Helper()
+	var cur map[string]string
+	held := false
+	err := withStateLock(func() error {
+		var rec sysctlRecord
+		ok, err := loadJSON(sysctlRecordPath(), &rec)
+		if err != nil {
+			return err
+		}
+		for _, h := range rec.Holders {
+			held = held || ok && alive(h)
+		}
+		cur, err = readSysctls()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cur, held
+}
+
 // buildHello builds a static binary that prints its PID and cgroups.
 func buildHello(t testing.TB, ctx context.Context) string {
 	t.Helper()
@@ -120,10 +167,7 @@ func TestNodeLifecycleSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("base ready in %s: %s + %s", time.Since(t0).Round(10*time.Millisecond), base.Rootfs, base.Config)
-	before, err := readSysctls()
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := hostOriginals(t)
 	treeA, treeB, treeC := smokeTree(t, "A", false), smokeTree(t, "B", false), smokeTree(t, "C", true)
 
 	tc := time.Now()
@@ -358,11 +402,7 @@ func TestNodeLifecycleSmoke(t *testing.T) {
 			t.Errorf("cgroups left: %v", left)
 		}
 	}
-	after, err := readSysctls()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fmt.Sprint(after) != fmt.Sprint(before) {
+	if after, held := hostSysctlsNow(t); !held && fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Errorf("host sysctls %v after cleanup, were %v", after, before)
 	}
 	if _, err := os.Stat(filepath.Join(recordsDir(), c.Name+".json")); !errors.Is(err, fs.ErrNotExist) {
