@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin/provider-kubernetes
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build demo test test-short vet fmt-check bench fuzz
+.PHONY: build demo test test-short e2e vet fmt-check bench fuzz
 
 build:
 	$(GO) build -trimpath -ldflags "-s -w -X github.com/kairos-io/provider-kubernetes/internal/cli.Version=$(VERSION)" -o $(BIN) ./cmd/provider-kubernetes
@@ -21,6 +21,12 @@ test: fmt-check vet
 
 test-short:
 	$(GO) test -short ./...
+
+# The end-to-end suite with the heavy kubeadm scenarios enabled (root; real
+# nspawn nodes; see README "End-to-end suite"). `make test` runs only the
+# node smoke test of tests/e2e.
+e2e:
+	PROVIDER_KUBERNETES_E2E=full $(GO) test -count=1 -timeout 85m -v ./tests/e2e/...
 
 vet:
 	$(GO) vet ./...

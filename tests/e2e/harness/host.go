@@ -1,0 +1,109 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// Host tools the harness runs, each found by absolute path (commands run
+// with a closed environment, so nothing is looked up through $PATH).
+var hostTools = []string{"systemd-nspawn", "debootstrap", "nsenter", "unshare", "ip", "mount", "journalctl"}
+
+// toolDirs are searched in order.
+var toolDirs = []string{"/usr/sbin", "/usr/bin", "/sbin", "/bin"}
+
+// Packages names the Debian packages that bring the host tools (what .ci/run installs).
+const Packages = "debootstrap systemd-container iproute2 util-linux"
+
+// ErrUnavailable is wrapped when this machine cannot run nodes.
+var ErrUnavailable = errors.New("nspawn nodes unavailable")
+
+// tools maps a tool name to its absolute path.
+type tools map[string]string
+
+func (t tools) path(name string) string {
+	if p, ok := t[name]; ok {
+		return p
+	}
+	// Resolved in Check; a missing entry is a programming error, reported
+	// as a path that cannot exist so the command fails loudly.
+	return "/nonexistent/" + name
+}
+
+// Check reports whether this machine can run nodes: Linux, root, overlayfs,
+// and every host tool present. The error says what is missing and how to
+// install it.
+func Check() (tools, error) {
+	if runtime.GOOS != "linux" {
+		return nil, fmt.Errorf("%w: needs linux, this is %s", ErrUnavailable, runtime.GOOS)
+	}
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: needs root (network namespaces, cgroups, mounts)", ErrUnavailable)
+	}
+	if b, err := os.ReadFile("/proc/filesystems"); err != nil || !strings.Contains(string(b), "\toverlay\n") {
+		return nil, fmt.Errorf("%w: the kernel has no overlayfs", ErrUnavailable)
+	}
+	t := tools{}
+	var missing []string
+	for _, name := range hostTools {
+		p := findTool(name)
+		if p == "" {
+			missing = append(missing, name)
+			continue
+		}
+		t[name] = p
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%w: missing %s (apt-get install --no-install-recommends %s)", ErrUnavailable, strings.Join(missing, ", "), Packages)
+	}
+	return t, nil
+}
+
+func findTool(name string) string {
+	for _, d := range toolDirs {
+		p := filepath.Join(d, name)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	return ""
+}
+
+// EnvE2E selects which end-to-end tests run: unset or "smoke" runs the
+// node smoke test (make test), "full" also runs the kubeadm scenarios,
+// "off" runs none.
+const EnvE2E = "PROVIDER_KUBERNETES_E2E"
+
+// Require skips t unless nodes can run here (and not in -short mode). Under
+// CI (CI=true) a machine that cannot run nodes fails the test instead:
+// .ci/run installs everything, so a skip there would hide a broken setup.
+func Require(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("boots nspawn nodes: not in -short mode")
+	}
+	if os.Getenv(EnvE2E) == "off" {
+		t.Skip(EnvE2E + "=off")
+	}
+	if _, err := Check(); err != nil {
+		if os.Getenv("CI") == "true" && os.Geteuid() == 0 {
+			t.Fatalf("%v", err)
+		}
+		t.Skipf("%v", err)
+	}
+}
+
+// RequireFull is Require plus PROVIDER_KUBERNETES_E2E=full: the gate of the
+// heavy kubeadm scenarios (tens of minutes and several GiB of builds cold).
+func RequireFull(t testing.TB) {
+	t.Helper()
+	if os.Getenv(EnvE2E) != "full" {
+		t.Skip("kubeadm end-to-end scenario: set " + EnvE2E + "=full (make e2e)")
+	}
+	Require(t)
+}
