@@ -45,10 +45,20 @@ Usage:
       reads nothing and works on any machine.
   provider-kubernetes status [--root DIR] [-o text|yaml|json]
       The last pass's status document.
+  provider-kubernetes migrate-units [--root DIR]
+      Remove the unit copies and .wants links earlier releases left in
+      /etc/systemd/system when byte-identical to what was shipped there, then
+      reload systemd. Edited copies are kept, named in the journal, and the
+      command exits 1. Run by provider-kubernetes-unit-migrate.service.
+  provider-kubernetes import-images [--root DIR] [--address SOCKET]
+      Import exactly the bundled control-plane images of the lock file into
+      containerd's k8s.io namespace, refusing any tarball that fails a check.
+      Run by provider-kubernetes-image-import.service.
   provider-kubernetes version
       This binary's version and supported window.
 
-Exit codes: 0 converged or nothing to do, 1 failed, 2 usage, 3 refused.
+Exit codes: 0 converged or nothing to do, 1 failed (or, for migrate-units and
+import-images, something kept or refused), 2 usage, 3 refused.
 `
 
 // Main runs the command line args and returns the exit code.
@@ -64,6 +74,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdPlan(ctx, args[1:], stdout, stderr)
 	case "status":
 		return cmdStatus(args[1:], stdout, stderr)
+	case "migrate-units":
+		return cmdMigrateUnits(ctx, args[1:], stdout, stderr)
+	case "import-images":
+		return cmdImportImages(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "provider-kubernetes %s (release %s, Kubernetes %s)\n", Version, images.Get().Release, images.Window())
 		return reconcile.ExitOK

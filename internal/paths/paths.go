@@ -19,7 +19,21 @@ const (
 
 	Kubeadm   = "/usr/bin/kubeadm"
 	Kubelet   = "/usr/bin/kubelet"
+	Kubectl   = "/usr/bin/kubectl"
+	Etcdctl   = "/usr/bin/etcdctl"
+	Etcdutl   = "/usr/bin/etcdutl"
 	Systemctl = "/usr/bin/systemctl"
+	Ctr       = "/usr/bin/ctr"
+
+	// The OS image: the provider as a Kairos plugin and on PATH, the
+	// bundled control-plane images and their lock file.
+	ProviderPlugin   = "/system/providers/agent-provider-kubernetes"
+	ProviderBin      = "/usr/bin/provider-kubernetes"
+	ImagesDir        = "/system/provider-kubernetes/images"
+	ImageLock        = ImagesDir + "/lock.yaml"
+	ContainerdSocket = "/run/containerd/containerd.sock"
+	EtcUnitDir       = "/etc/systemd/system"
+	UnitDir          = "/usr/lib/systemd/system"
 
 	KubernetesDir     = "/etc/kubernetes"
 	KubeletConf       = KubernetesDir + "/kubelet.conf"
