@@ -3,6 +3,7 @@
 //
 //	go run ./cmd/mktree -minor 1.37 -out build/tree-1.37 [-replace] [-no-images] [-version V] [-verify]
 //	go run ./cmd/mktree -all -out build [-replace] ...      # build/tree-<minor> for every minor of versions.yaml
+//	go run ./cmd/mktree -list                                # <minor> <kubernetes> <image tag> <pause tag> per line
 package main
 
 import (
@@ -26,7 +27,14 @@ func main() {
 	noImages := flag.Bool("no-images", false, "leave out the control-plane images and their lock file")
 	ver := flag.String("version", "dev", "version stamped into the provider binary")
 	verify := flag.Bool("verify", true, "run systemd-analyze verify on the units inside the tree")
+	list := flag.Bool("list", false, "print <minor> <kubernetes> <image tag> <pause tag> per line of images/versions.yaml and exit")
 	flag.Parse()
+	if *list {
+		for _, e := range images.Get().Minors {
+			fmt.Printf("%s %s %s %s\n", e.Minor, e.Kubernetes, e.ImageTag, e.Pause)
+		}
+		return
+	}
 	if *out == "" || (*minor == "") == !*all || flag.NArg() > 0 {
 		fmt.Fprintln(os.Stderr, "usage: mktree (-minor 1.37 | -all) -out DIR [-replace] [-no-images] [-version V] [-verify=false]")
 		os.Exit(2)

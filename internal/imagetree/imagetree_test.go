@@ -444,3 +444,32 @@ func checkVerify(t *testing.T, dir string) {
 		}
 	}
 }
+
+// The Earthfile takes every version from versions.yaml (through mktree), so
+// published images cannot drift from the window compiled into the binary.
+func TestEarthfileTakesVersionsFromManifest(t *testing.T) {
+	src, err := FindSourceDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all string
+	for _, f := range []string{"Earthfile", "earthly/Earthfile"} {
+		b, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		all += string(b)
+	}
+	for _, e := range images.Get().Minors {
+		for _, v := range []string{e.Kubernetes, e.Etcd, e.CoreDNS, e.ImageTag, "pause:" + e.Pause} {
+			if strings.Contains(all, v) {
+				t.Errorf("the Earthfile hard-codes %q: take it from images/versions.yaml (mktree -list)", v)
+			}
+		}
+	}
+	for _, want := range []string{"go run ./cmd/mktree -minor", "go run ./cmd/mktree -list", "SAVE IMAGE --push $REGISTRY:$TAG"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("the Earthfile lacks %q", want)
+		}
+	}
+}
