@@ -3,6 +3,7 @@ package imagetree
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,10 +15,13 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/bundle"
+	"github.com/kairos-io/provider-kubernetes/internal/imageimport"
 	"github.com/kairos-io/provider-kubernetes/internal/imagelock"
 	"github.com/kairos-io/provider-kubernetes/internal/oci"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/system"
 )
 
@@ -144,6 +148,7 @@ func TestBuildTree(t *testing.T) {
 	t.Run("bundle manifest", func(t *testing.T) { checkBundle(t, dir, e) })
 	t.Run("image contents", func(t *testing.T) { checkImages(t, dir, e) })
 	t.Run("systemd-analyze verify", func(t *testing.T) { checkVerify(t, dir) })
+	t.Run("import-images into containerd", func(t *testing.T) { checkImport(t, dir, e) })
 
 	// Refuses to overwrite; a warm rebuild is reproducible and cheap.
 	if _, err := Build(ctx, minor, dir, Options{}); err == nil {
@@ -382,6 +387,37 @@ func checkImages(t *testing.T, dir string, e images.MinorEntry) {
 		if err != nil || !strings.Contains(string(out), "nf_tables") {
 			t.Errorf("%s in the kube-proxy image: %q %v", n, out, err)
 		}
+	}
+}
+
+// The tree's lock file and tarballs are what import-images accepts, and
+// containerd then holds exactly the references kubeadm expects.
+func checkImport(t *testing.T, dir string, e images.MinorEntry) {
+	address := testutil.Containerd(t)
+	ctr, err := exec.LookPath("ctr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	res := imageimport.Run(context.Background(), imageimport.Options{Root: paths.Root(dir), Runner: runner.Exec{}, Ctr: ctr,
+		Address: address, Log: slog.New(slog.NewTextHandler(&log, nil))})
+	if res.ExitCode != 0 || len(res.Imported) != 7 {
+		t.Fatalf("%+v\n%s", res, log.String())
+	}
+	t.Logf("%s", strings.TrimSpace(log.String()))
+	out, err := exec.Command(ctr, "--address", address, "-n", "k8s.io", "images", "ls", "-q").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got, want []string
+	got = strings.Fields(string(out))
+	for _, r := range Refs(e) {
+		want = append(want, r)
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("containerd lists %v, want %v", got, want)
 	}
 }
 
