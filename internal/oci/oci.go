@@ -82,12 +82,18 @@ func Tag(ref string) string {
 	return ref[i+1:]
 }
 
-// WriteFile writes the image to path (through path.part, renamed when
-// complete) and returns its digests. Temporary layer data goes next to path.
+// WriteFile writes the image to path (through a unique part file, renamed
+// when complete) and returns its digests. Temporary layer data goes next to path.
 func WriteFile(p string, img Image) (Written, error) {
-	part := p + ".part"
-	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	// A unique part file: two builders may write the same cached image at once.
+	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".part-*")
 	if err != nil {
+		return Written{}, err
+	}
+	part := f.Name()
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		os.Remove(part)
 		return Written{}, err
 	}
 	h := sha256.New()
