@@ -32,8 +32,6 @@ const (
 	ImagesDir        = "/system/provider-kubernetes/images"
 	ImageLock        = ImagesDir + "/lock.yaml"
 	ContainerdSocket = "/run/containerd/containerd.sock"
-	EtcUnitDir       = "/etc/systemd/system"
-	UnitDir          = "/usr/lib/systemd/system"
 
 	KubernetesDir     = "/etc/kubernetes"
 	KubeletConf       = KubernetesDir + "/kubelet.conf"
