@@ -70,6 +70,15 @@ Usage:
       Remove all but the newest N (default 1) of kubeadm's plaintext etcd
       copies in /etc/kubernetes/tmp, only when this node is verified at the
       cluster's version; never follows symlinks. Exit 3 when not verified.
+  provider-kubernetes migrate-units [--root DIR]
+      Remove the unit copies and .wants links earlier releases left in
+      /etc/systemd/system when byte-identical to what was shipped there, then
+      reload systemd. Edited copies are kept, named in the journal, and the
+      command exits 1. Run by provider-kubernetes-unit-migrate.service.
+  provider-kubernetes import-images [--root DIR] [--address SOCKET]
+      Import exactly the bundled control-plane images of the lock file into
+      containerd's k8s.io namespace, refusing any tarball that fails a check.
+      Run by provider-kubernetes-image-import.service.
   provider-kubernetes version
       This binary's version and supported window.
 
@@ -77,7 +86,8 @@ As a Kairos plugin (installed as agent-provider-kubernetes, or given an
 event name first) it answers the go-pluggable events agent.boot and
 cluster.reset on stdin/stdout.
 
-Exit codes: 0 converged or nothing to do, 1 failed, 2 usage, 3 refused.
+Exit codes: 0 converged or nothing to do, 1 failed (or, for migrate-units and
+import-images, something kept or refused), 2 usage, 3 refused.
 `
 
 // Entry runs the process: argv is the whole command line, argv[0]
@@ -143,6 +153,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdEtcdSnapshot(ctx, args[1:], stdout, stderr)
 	case "prune-kubeadm-backups":
 		return cmdPruneKubeadmBackups(ctx, args[1:], stdout, stderr)
+	case "migrate-units":
+		return cmdMigrateUnits(ctx, args[1:], stdout, stderr)
+	case "import-images":
+		return cmdImportImages(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "provider-kubernetes %s (release %s, Kubernetes %s)\n", Version, images.Get().Release, images.Window())
 		return reconcile.ExitOK

@@ -19,9 +19,19 @@ const (
 
 	Kubeadm   = "/usr/bin/kubeadm"
 	Kubelet   = "/usr/bin/kubelet"
-	Systemctl = "/usr/bin/systemctl"
+	Kubectl   = "/usr/bin/kubectl"
 	Etcdctl   = "/usr/bin/etcdctl"
 	Etcdutl   = "/usr/bin/etcdutl"
+	Systemctl = "/usr/bin/systemctl"
+	Ctr       = "/usr/bin/ctr"
+
+	// The OS image: the provider as a Kairos plugin and on PATH, the
+	// bundled control-plane images and their lock file.
+	ProviderPlugin   = "/system/providers/agent-provider-kubernetes"
+	ProviderBin      = "/usr/bin/provider-kubernetes"
+	ImagesDir        = "/system/provider-kubernetes/images"
+	ImageLock        = ImagesDir + "/lock.yaml"
+	ContainerdSocket = "/run/containerd/containerd.sock"
 
 	KubernetesDir     = "/etc/kubernetes"
 	KubeletConf       = KubernetesDir + "/kubelet.conf"

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -31,6 +32,10 @@ type Cmd struct {
 	Args    []string      // arguments, never a secret
 	Env     []string      // extra KEY=VALUE on top of BaseEnv
 	Timeout time.Duration // the command's own budget; 0 means only the caller's deadline
+	// Stdin is the command's standard input (nil: none). An *os.File is
+	// handed to the child as is, so a file already opened and verified is
+	// the exact file the command reads (no re-open by path).
+	Stdin io.Reader
 }
 
 // String is the command line as logged and as tests assert it.
@@ -111,6 +116,7 @@ func (e Exec) Run(ctx context.Context, c Cmd) (Result, error) {
 	cmd := exec.CommandContext(ctx, bin, c.Args...)
 	cmd.Env = append(append([]string{}, BaseEnv...), c.Env...)
 	cmd.Dir = "/"
+	cmd.Stdin = c.Stdin
 	var stdout, stderr tailBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	// Own process group, so a hung command and whatever it spawned die together.

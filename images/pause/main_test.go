@@ -1,0 +1,51 @@
+package main
+
+import (
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func build(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "pause")
+	out, err := exec.Command("go", "build", "-ldflags", "-X main.version=3.10.2", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	return bin
+}
+
+func TestPauseAnswersVersion(t *testing.T) {
+	out, err := exec.Command(build(t), "-v").Output()
+	if err != nil || strings.TrimSpace(string(out)) != "pause.go version 3.10.2" {
+		t.Fatalf("%q %v", out, err)
+	}
+}
+
+func TestPauseWaitsForTERM(t *testing.T) {
+	cmd := exec.Command(build(t))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		t.Fatalf("exited on its own: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after TERM: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("did not exit on SIGTERM")
+	}
+}

@@ -1,0 +1,57 @@
+package cli
+
+import (
+	"context"
+	"io"
+	"log/slog"
+
+	"github.com/kairos-io/provider-kubernetes/internal/imageimport"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/unitmigrate"
+	"github.com/kairos-io/provider-kubernetes/system"
+)
+
+// Seams the tests replace: the journal and the systemd reload.
+var (
+	newJournal  = func(stderr io.Writer) unitmigrate.Journal { return unitmigrate.SystemJournal{W: stderr} }
+	newReloader = func() unitmigrate.Reloader { return unitmigrate.SystemdReloader{} }
+)
+
+func cmdMigrateUnits(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("migrate-units", stderr)
+	root := fs.String("root", "/", "host root; systemd is reloaded only when it is /")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if !checkRoot(*root, stderr) {
+		return reconcile.ExitUsage
+	}
+	var rl unitmigrate.Reloader
+	if paths.Root(*root).Path("/") == "/" {
+		rl = newReloader()
+	}
+	res := unitmigrate.Run(ctx, unitmigrate.Options{
+		Root: paths.Root(*root), Manifest: system.Shipped(), Journal: newJournal(stderr), Reloader: rl,
+		Log: slog.New(slog.NewTextHandler(stderr, nil)),
+	})
+	return res.ExitCode
+}
+
+func cmdImportImages(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("import-images", stderr)
+	root := fs.String("root", "/", "host root the images directory is read under")
+	address := fs.String("address", paths.ContainerdSocket, "containerd's socket")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if !checkRoot(*root, stderr) {
+		return reconcile.ExitUsage
+	}
+	res := imageimport.Run(ctx, imageimport.Options{
+		Root: paths.Root(*root), Runner: runner.Exec{Root: *root}, Address: *address,
+		Log: slog.New(slog.NewTextHandler(stderr, nil)),
+	})
+	return res.ExitCode
+}

@@ -1,0 +1,338 @@
+// Package imageimport imports the control-plane images an OS image bundles
+// into containerd's k8s.io namespace, exactly those its lock file lists and
+// under their exact references, before the kubelet starts. A tarball is
+// refused, never imported, when it is a symlink, not a regular file, not
+// owned by root, group- or other-writable, or when its size, sha256 or the
+// reference its index names differ from the lock file. The verified open file
+// itself is what `ctr images import -` reads (no re-open by path), and the
+// result is checked in containerd's image list. Everything is bounded.
+package imageimport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/imagelock"
+	"github.com/kairos-io/provider-kubernetes/internal/oci"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/wait"
+)
+
+// Namespace is containerd's namespace the CRI plugin (and so the kubelet) uses.
+const Namespace = "k8s.io"
+
+// Budgets bound a run.
+type Budgets struct {
+	Total          time.Duration // the whole run
+	WaitContainerd time.Duration // containerd answering `ctr version`
+	PerImage       time.Duration // one `ctr images import`
+}
+
+// DefaultBudgets are the defaults; the import unit's TimeoutStartSec (15min) is above Total.
+func DefaultBudgets() Budgets {
+	return Budgets{Total: 12 * time.Minute, WaitContainerd: 60 * time.Second, PerImage: 3 * time.Minute}
+}
+
+// Options configure a run.
+type Options struct {
+	Root    paths.Root    // where the images directory is read
+	Runner  runner.Runner // runs ctr
+	Ctr     string        // absolute path of ctr (default /usr/bin/ctr)
+	Address string        // containerd's socket (default /run/containerd/containerd.sock)
+	Budgets Budgets
+	Clock   wait.Clock
+	Log     *slog.Logger
+}
+
+// Refusal is an image not imported, and why.
+type Refusal struct {
+	Ref, File, Reason string
+}
+
+// Result is what a run did.
+type Result struct {
+	Imported []string
+	Refused  []Refusal // failed a check: never handed to containerd
+	Failed   []Refusal // passed the checks, but the import or its verification failed
+	Err      error     // the run could not start (lock file, images directory, containerd)
+	ExitCode int       // 0 when every image is in containerd, else 1
+}
+
+// Outcome names the result in one word.
+func (r Result) Outcome() string {
+	switch {
+	case r.Err != nil || len(r.Failed) > 0:
+		return "failed"
+	case len(r.Refused) > 0:
+		return "refused"
+	default:
+		return "ok"
+	}
+}
+
+// Sentinel reasons a tarball is refused for.
+var (
+	ErrSymlink    = errors.New("a symlink: not followed")
+	ErrNotRegular = errors.New("not a regular file")
+	ErrOwner      = errors.New("not owned by root")
+	ErrWritable   = errors.New("group- or other-writable")
+	ErrSize       = errors.New("size differs from the lock file")
+	ErrDigest     = errors.New("sha256 differs from the lock file")
+	ErrRef        = errors.New("names another image than the lock file")
+	ErrMissing    = errors.New("missing")
+)
+
+// Run imports the lock file's images and logs one summary line plus one
+// line per image not imported.
+func Run(ctx context.Context, o Options) Result {
+	start := time.Now()
+	if o.Log == nil {
+		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.Ctr == "" {
+		o.Ctr = paths.Ctr
+	}
+	if o.Address == "" {
+		o.Address = paths.ContainerdSocket
+	}
+	if o.Budgets == (Budgets{}) {
+		o.Budgets = DefaultBudgets()
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.Budgets.Total)
+	defer cancel()
+	res := run(ctx, o)
+	if res.Err != nil || len(res.Refused) > 0 || len(res.Failed) > 0 {
+		res.ExitCode = 1
+	}
+	for _, r := range res.Refused {
+		o.Log.Warn("image-refused", "ref", r.Ref, "file", r.File, "reason", runner.Sanitize(r.Reason, 300))
+	}
+	for _, r := range res.Failed {
+		o.Log.Warn("image-import-failed", "ref", r.Ref, "file", r.File, "reason", runner.Sanitize(r.Reason, 300))
+	}
+	attrs := []any{"outcome", res.Outcome(), "imported", len(res.Imported), "refused", len(res.Refused),
+		"failed", len(res.Failed), "duration", time.Since(start).Round(time.Millisecond).String()}
+	if res.Err != nil {
+		attrs = append(attrs, "error", runner.Sanitize(res.Err.Error(), 500))
+	}
+	if res.ExitCode != 0 {
+		o.Log.Warn("import-images", attrs...)
+	} else {
+		o.Log.Info("import-images", attrs...)
+	}
+	return res
+}
+
+func run(ctx context.Context, o Options) Result {
+	var res Result
+	dir, err := fsutil.OpenDirNoFollow(o.Root.Path("/"), paths.ImagesDir)
+	if err != nil {
+		res.Err = fmt.Errorf("open %s: %w", paths.ImagesDir, err)
+		return res
+	}
+	defer dir.Close()
+	if err := trusted(dir, true); err != nil {
+		res.Err = fmt.Errorf("%s: %w", paths.ImagesDir, err)
+		return res
+	}
+	lock, err := readLock(dir)
+	if err != nil {
+		res.Err = fmt.Errorf("%s: %w", paths.ImageLock, err)
+		return res
+	}
+	err = wait.Poll(ctx, o.Clock, wait.Budget{Total: o.Budgets.WaitContainerd, Interval: time.Second, PerAttempt: 5 * time.Second},
+		"containerd", func(ctx context.Context) (bool, error) {
+			_, err := o.Runner.Run(ctx, o.ctr(5*time.Second, "version"))
+			return err == nil, err
+		})
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	digests := map[string]string{}
+	for _, im := range lock.Images {
+		if err := ctx.Err(); err != nil {
+			res.Failed = append(res.Failed, Refusal{im.Ref, im.File, "not attempted: " + err.Error()})
+			continue
+		}
+		f, ref, err := Check(ctx, dir, im)
+		if err != nil {
+			res.Refused = append(res.Refused, Refusal{im.Ref, im.File, err.Error()})
+			continue
+		}
+		c := o.ctr(o.Budgets.PerImage, "images", "import", "-")
+		c.Stdin = f
+		_, err = o.Runner.Run(ctx, c)
+		f.Close()
+		if err != nil {
+			res.Failed = append(res.Failed, Refusal{im.Ref, im.File, err.Error()})
+			continue
+		}
+		digests[im.Ref] = ref.ManifestDigest
+	}
+	if len(digests) == 0 {
+		return res
+	}
+	// What containerd now lists under each reference must be the manifest the tarball carried.
+	out, err := o.Runner.Run(ctx, o.ctr(30*time.Second, "images", "ls"))
+	listed := map[string]string{}
+	if err == nil {
+		listed = parseImageList(string(out.Stdout))
+	}
+	for _, im := range lock.Images {
+		want, ok := digests[im.Ref]
+		if !ok {
+			continue
+		}
+		switch got := listed[im.Ref]; {
+		case err != nil:
+			res.Failed = append(res.Failed, Refusal{im.Ref, im.File, "list images: " + err.Error()})
+		case got == "":
+			res.Failed = append(res.Failed, Refusal{im.Ref, im.File, "not listed by containerd after import"})
+		case got != want:
+			res.Failed = append(res.Failed, Refusal{im.Ref, im.File, fmt.Sprintf("containerd lists %s, the tarball carries %s", got, want)})
+		default:
+			res.Imported = append(res.Imported, im.Ref)
+		}
+	}
+	return res
+}
+
+func (o Options) ctr(timeout time.Duration, args ...string) runner.Cmd {
+	return runner.Cmd{Path: o.Ctr, Args: append([]string{"--address", o.Address, "--namespace", Namespace}, args...), Timeout: timeout}
+}
+
+// parseImageList maps REF to DIGEST from `ctr images ls` output.
+func parseImageList(s string) map[string]string {
+	out := map[string]string{}
+	for i, line := range strings.Split(s, "\n") {
+		f := strings.Fields(line)
+		if i == 0 || len(f) < 3 {
+			continue
+		}
+		out[f[0]] = f[2]
+	}
+	return out
+}
+
+// trusted checks an open file or directory: root-owned and not writable by
+// group or others.
+func trusted(f *os.File, dir bool) error {
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if dir != st.IsDir() || !dir && !st.Mode().IsRegular() {
+		return ErrNotRegular
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("no owner information")
+	}
+	if sys.Uid != 0 {
+		return fmt.Errorf("%w (uid %d)", ErrOwner, sys.Uid)
+	}
+	if st.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%w (mode %04o)", ErrWritable, st.Mode().Perm())
+	}
+	return nil
+}
+
+func readLock(dir *os.File) (imagelock.Lock, error) {
+	f, err := fsutil.OpenAtNoFollow(dir, "lock.yaml")
+	if err != nil {
+		return imagelock.Lock{}, err
+	}
+	defer f.Close()
+	if err := trusted(f, false); err != nil {
+		return imagelock.Lock{}, err
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 1<<20+1))
+	if err != nil {
+		return imagelock.Lock{}, err
+	}
+	if len(b) > 1<<20 {
+		return imagelock.Lock{}, fmt.Errorf("larger than 1 MiB")
+	}
+	return imagelock.Parse(b)
+}
+
+// Check opens one tarball of the lock file in dir and verifies it; on
+// success the returned file is positioned at its start, ready to be read by
+// the import, and ref is what its index names.
+func Check(ctx context.Context, dir *os.File, im imagelock.Image) (*os.File, oci.Ref, error) {
+	f, err := fsutil.OpenAtNoFollow(dir, im.File)
+	switch {
+	case errors.Is(err, fsutil.ErrSymlink):
+		return nil, oci.Ref{}, ErrSymlink
+	case errors.Is(err, os.ErrNotExist):
+		return nil, oci.Ref{}, ErrMissing
+	case err != nil:
+		return nil, oci.Ref{}, err
+	}
+	ref, err := check(ctx, f, im)
+	if err != nil {
+		f.Close()
+		return nil, oci.Ref{}, err
+	}
+	return f, ref, nil
+}
+
+func check(ctx context.Context, f *os.File, im imagelock.Image) (oci.Ref, error) {
+	if err := trusted(f, false); err != nil {
+		return oci.Ref{}, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return oci.Ref{}, err
+	}
+	if st.Size() != im.Size {
+		return oci.Ref{}, fmt.Errorf("%w: %d bytes, lock file %d", ErrSize, st.Size(), im.Size)
+	}
+	sum, n, err := oci.FileDigest(ctxReader{ctx, io.LimitReader(f, im.Size+1)})
+	if err != nil {
+		return oci.Ref{}, fmt.Errorf("read: %w", err)
+	}
+	if n != im.Size {
+		return oci.Ref{}, fmt.Errorf("%w: read %d bytes, lock file %d", ErrSize, n, im.Size)
+	}
+	if sum != im.SHA256 {
+		return oci.Ref{}, fmt.Errorf("%w: %s, lock file %s", ErrDigest, sum, im.SHA256)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return oci.Ref{}, err
+	}
+	ref, err := oci.ReadRef(f)
+	if err != nil {
+		return oci.Ref{}, err
+	}
+	if ref.Name != im.Ref {
+		return oci.Ref{}, fmt.Errorf("%w: %s", ErrRef, ref.Name)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return oci.Ref{}, err
+	}
+	return ref, nil
+}
+
+// ctxReader stops a long read when the context ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}

@@ -1,0 +1,237 @@
+package imageimport
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/kairos-io/provider-kubernetes/internal/imagelock"
+	"github.com/kairos-io/provider-kubernetes/internal/oci"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+)
+
+type bundle struct {
+	t    *testing.T
+	root string
+	lock imagelock.Lock
+	mani map[string]string
+}
+
+func newBundle(t *testing.T) *bundle {
+	b := &bundle{t: t, root: t.TempDir(), mani: map[string]string{}}
+	if err := os.MkdirAll(b.dir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (b *bundle) dir() string { return paths.Root(b.root).Path(paths.ImagesDir) }
+
+// add builds a small image named ref into file and records it in the lock.
+func (b *bundle) add(ref, file, content string) string {
+	b.t.Helper()
+	p := filepath.Join(b.dir(), file)
+	w, err := oci.WriteFile(p, oci.Image{Ref: ref, Config: oci.Config{Entrypoint: []string{"/bin/x"}},
+		Entries: []oci.Entry{{Path: "bin/x", Data: []byte(content), Mode: 0o755}}})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.lock.Images = append(b.lock.Images, imagelock.Image{Ref: ref, File: file, SHA256: w.SHA256, Size: w.Size})
+	b.mani[ref] = w.ManifestDigest
+	return p
+}
+
+func (b *bundle) writeLock() {
+	b.t.Helper()
+	data, err := b.lock.Marshal()
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(b.dir(), "lock.yaml"), data, 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+func (b *bundle) run(address string, r runner.Runner, clk *testutil.Clock) (Result, string) {
+	var log bytes.Buffer
+	o := Options{Root: paths.Root(b.root), Runner: r, Ctr: mustLook(b.t, "ctr"), Address: address,
+		Log: slog.New(slog.NewTextHandler(&log, nil))}
+	if clk != nil {
+		o.Clock = clk
+	}
+	res := Run(context.Background(), o)
+	return res, log.String()
+}
+
+func mustLook(t *testing.T, name string) string {
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "/usr/bin/" + name
+	}
+	return p
+}
+
+func listed(t *testing.T, address string) map[string]string {
+	t.Helper()
+	out, err := exec.Command("ctr", "--address", address, "-n", "k8s.io", "images", "ls").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parseImageList(string(out))
+}
+
+func TestImportIntoRealContainerd(t *testing.T) {
+	address := testutil.Containerd(t)
+	b := newBundle(t)
+	b.add("registry.k8s.io/pause:3.10.2", "pause_3.10.2.tar", "pause")
+	b.add("registry.k8s.io/etcd:3.7.0-0", "etcd_3.7.0-0.tar", "etcd")
+	// Tampered after the lock was written: same size, one byte changed.
+	tampered := b.add("registry.k8s.io/kube-apiserver:v1.37.2", "kube-apiserver_v1.37.2.tar", "apiserver")
+	data, _ := os.ReadFile(tampered)
+	i := bytes.Index(data, []byte("apiserver"))
+	data[i] = 'A'
+	if err := os.WriteFile(tampered, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A symlink to a good tarball.
+	real := b.add("registry.k8s.io/kube-scheduler:v1.37.2", "real-scheduler.tar", "scheduler")
+	b.lock.Images[len(b.lock.Images)-1].File = "kube-scheduler_v1.37.2.tar"
+	if err := os.Symlink(real, filepath.Join(b.dir(), "kube-scheduler_v1.37.2.tar")); err != nil {
+		t.Fatal(err)
+	}
+	// Group-writable.
+	gw := b.add("registry.k8s.io/kube-proxy:v1.37.2", "kube-proxy_v1.37.2.tar", "proxy")
+	if err := os.Chmod(gw, 0o664); err != nil {
+		t.Fatal(err)
+	}
+	// Not owned by root.
+	nr := b.add("registry.k8s.io/kube-controller-manager:v1.37.2", "kube-controller-manager_v1.37.2.tar", "cm")
+	if err := os.Chown(nr, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	// The lock's digest is right, but the tarball names another image.
+	b.add("registry.k8s.io/coredns/coredns:v9.9.9", "coredns_coredns_v1.14.6.tar", "coredns")
+	b.lock.Images[len(b.lock.Images)-1].Ref = "registry.k8s.io/coredns/coredns:v1.14.6"
+	b.writeLock()
+
+	res, log := b.run(address, runner.Exec{}, nil)
+	if res.ExitCode != 1 || res.Outcome() != "refused" || res.Err != nil || len(res.Failed) != 0 {
+		t.Fatalf("%+v\n%s", res, log)
+	}
+	sort.Strings(res.Imported)
+	if strings.Join(res.Imported, ",") != "registry.k8s.io/etcd:3.7.0-0,registry.k8s.io/pause:3.10.2" {
+		t.Fatalf("imported %v", res.Imported)
+	}
+	reasons := map[string]error{
+		"registry.k8s.io/kube-apiserver:v1.37.2":          ErrDigest,
+		"registry.k8s.io/kube-scheduler:v1.37.2":          ErrSymlink,
+		"registry.k8s.io/kube-proxy:v1.37.2":              ErrWritable,
+		"registry.k8s.io/kube-controller-manager:v1.37.2": ErrOwner,
+		"registry.k8s.io/coredns/coredns:v1.14.6":         ErrRef,
+	}
+	if len(res.Refused) != len(reasons) {
+		t.Fatalf("refused %+v", res.Refused)
+	}
+	for _, r := range res.Refused {
+		if want := reasons[r.Ref]; want == nil || !strings.Contains(r.Reason, want.Error()) {
+			t.Errorf("%s refused for %q, want %v", r.Ref, r.Reason, want)
+		}
+	}
+	// containerd has exactly the verified images, under their references and manifests.
+	got := listed(t, address)
+	if len(got) != 2 || got["registry.k8s.io/pause:3.10.2"] != b.mani["registry.k8s.io/pause:3.10.2"] ||
+		got["registry.k8s.io/etcd:3.7.0-0"] != b.mani["registry.k8s.io/etcd:3.7.0-0"] {
+		t.Fatalf("containerd lists %v", got)
+	}
+	// One summary line plus one line per refused image.
+	lines := strings.Split(strings.TrimSpace(log), "\n")
+	if len(lines) != 1+len(reasons) || strings.Count(log, "msg=image-refused") != len(reasons) ||
+		!strings.Contains(lines[len(lines)-1], "msg=import-images") || !strings.Contains(lines[len(lines)-1], "imported=2 refused=5") {
+		t.Fatalf("log:\n%s", log)
+	}
+	// The symlink's target and the other files are untouched.
+	if _, err := os.Stat(real); err != nil {
+		t.Fatal(err)
+	}
+
+	// Fixed bundle: everything imports, and importing again is harmless.
+	c := newBundle(t)
+	c.add("registry.k8s.io/pause:3.10.2", "pause_3.10.2.tar", "pause")
+	c.add("registry.k8s.io/kube-apiserver:v1.37.2", "kube-apiserver_v1.37.2.tar", "apiserver")
+	c.writeLock()
+	for i := 0; i < 2; i++ {
+		res, log = c.run(address, runner.Exec{}, nil)
+		if res.ExitCode != 0 || len(res.Imported) != 2 || !strings.Contains(log, "outcome=ok") {
+			t.Fatalf("run %d: %+v\n%s", i, res, log)
+		}
+	}
+	if got := listed(t, address); got["registry.k8s.io/kube-apiserver:v1.37.2"] != c.mani["registry.k8s.io/kube-apiserver:v1.37.2"] {
+		t.Fatalf("containerd lists %v", got)
+	}
+}
+
+func TestContainerdNotAnswering(t *testing.T) {
+	b := newBundle(t)
+	b.add("registry.k8s.io/pause:3.10.2", "pause_3.10.2.tar", "pause")
+	b.writeLock()
+	rec := &runner.Recorder{Reply: func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+		return runner.Result{ExitCode: 1}, &runner.ExitError{Cmd: c.Short(), Code: 1, Tail: "connection refused"}
+	}}
+	clk := testutil.NewClock()
+	res, log := b.run("/nonexistent.sock", rec, clk)
+	if res.ExitCode != 1 || res.Err == nil || !strings.Contains(res.Err.Error(), "connection refused") || len(res.Imported) != 0 {
+		t.Fatalf("%+v\n%s", res, log)
+	}
+	for _, l := range rec.Lines() {
+		if strings.Contains(l, "import") {
+			t.Fatalf("imported without containerd: %s", l)
+		}
+	}
+	if !strings.Contains(rec.Lines()[0], "--address /nonexistent.sock --namespace k8s.io version") {
+		t.Fatal(rec.Lines())
+	}
+	if strings.Count(log, "\n") != 1 || !strings.Contains(log, "outcome=failed") {
+		t.Fatal(log)
+	}
+}
+
+func TestUntrustedLockOrDirectory(t *testing.T) {
+	for name, spoil := range map[string]func(b *bundle){
+		"lock group-writable": func(b *bundle) { os.Chmod(filepath.Join(b.dir(), "lock.yaml"), 0o664) },
+		"lock not root's":     func(b *bundle) { os.Chown(filepath.Join(b.dir(), "lock.yaml"), 65534, 65534) },
+		"dir other-writable":  func(b *bundle) { os.Chmod(b.dir(), 0o757) },
+		"lock symlink": func(b *bundle) {
+			p := filepath.Join(b.dir(), "lock.yaml")
+			os.Rename(p, p+".real")
+			os.Symlink(p+".real", p)
+		},
+		"dir symlink": func(b *bundle) {
+			os.Rename(b.dir(), b.dir()+".real")
+			os.Symlink(b.dir()+".real", b.dir())
+		},
+		"lock invalid": func(b *bundle) { os.WriteFile(filepath.Join(b.dir(), "lock.yaml"), []byte("images: []\n"), 0o644) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			if os.Getuid() != 0 && strings.Contains(name, "root") {
+				t.Skip("needs root to chown")
+			}
+			b := newBundle(t)
+			b.add("registry.k8s.io/pause:3.10.2", "pause_3.10.2.tar", "pause")
+			b.writeLock()
+			spoil(b)
+			rec := &runner.Recorder{}
+			res, _ := b.run("/x.sock", rec, testutil.NewClock())
+			if res.ExitCode != 1 || res.Err == nil || len(rec.Lines()) != 0 {
+				t.Fatalf("%+v %v", res, rec.Lines())
+			}
+		})
+	}
+}
