@@ -36,8 +36,15 @@ func (p Prober) Kubelet(ctx context.Context, url string) error {
 	return get(ctx, p.plain(), url)
 }
 
-// Readyz probes https://<hostport>/readyz, trusting only caPEM.
-func (p Prober) Readyz(ctx context.Context, hostport string, caPEM []byte) error {
+// APIServerName is a name every kubeadm apiserver certificate carries,
+// whatever its advertise address: the local probe connects to 127.0.0.1 but
+// verifies the certificate for this name (kubeadm puts no loopback address
+// in the serving certificate).
+const APIServerName = "kubernetes"
+
+// Readyz probes https://<hostport>/readyz, trusting only caPEM and requiring
+// the certificate to be valid for serverName.
+func (p Prober) Readyz(ctx context.Context, hostport, serverName string, caPEM []byte) error {
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return errors.New("no usable CA certificate to verify the apiserver")
@@ -45,7 +52,7 @@ func (p Prober) Readyz(ctx context.Context, hostport string, caPEM []byte) error
 	c := &http.Client{Transport: &http.Transport{
 		DisableKeepAlives: true,
 		Proxy:             nil,
-		TLSClientConfig:   &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
+		TLSClientConfig:   &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12},
 	}}
 	return get(ctx, c, "https://"+hostport+"/readyz")
 }

@@ -38,7 +38,7 @@ func TestReadyzTrustsOnlyTheGivenCA(t *testing.T) {
 	host := strings.TrimPrefix(srv.URL, "https://")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := (Prober{}).Readyz(ctx, host, ca); err != nil {
+	if err := (Prober{}).Readyz(ctx, host, "example.com", ca); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
@@ -47,10 +47,15 @@ func TestReadyzTrustsOnlyTheGivenCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := (Prober{}).Readyz(ctx, host, otherCA); err == nil {
+	if err := (Prober{}).Readyz(ctx, host, "example.com", otherCA); err == nil {
 		t.Fatal("trusted an apiserver signed by another CA")
 	}
-	if err := (Prober{}).Readyz(ctx, host, []byte("junk")); err == nil {
+	// The certificate must carry the name asked for (kubeadm's has
+	// "kubernetes", never a loopback address).
+	if err := (Prober{}).Readyz(ctx, host, APIServerName, ca); err == nil || !strings.Contains(err.Error(), "kubernetes") {
+		t.Fatalf("a certificate without the name passed: %v", err)
+	}
+	if err := (Prober{}).Readyz(ctx, host, "example.com", []byte("junk")); err == nil {
 		t.Fatal("no CA accepted")
 	}
 }

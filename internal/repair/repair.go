@@ -67,20 +67,42 @@ type Repairer struct {
 	// KubeletHealthzURL and LocalAPIHost default to the node's loopback.
 	KubeletHealthzURL string
 	LocalAPIHost      string
+	// LocalAPIServerName is the name the apiserver certificate is verified
+	// for (default health.APIServerName).
+	LocalAPIServerName string
 }
 
-// Repair checks the kubelet (worker) or the local apiserver (control plane)
-// once; when down, it names the removed kubelet flags kubelet-start cannot
-// fix, runs kubeadm init phase kubelet-start with a config built from the
-// cluster file, restarts the kubelet and waits, bounded, for it and (control
-// plane) the local apiserver. It returns warnings for the status document.
+// Repair does nothing when this control plane's apiserver answers. When the
+// kubelet answers (within a short grace) it only waits, bounded, for the
+// local apiserver of a control plane. When the kubelet is down it names the
+// removed kubelet flags kubelet-start cannot fix, runs kubeadm init phase
+// kubelet-start with a config built from the cluster file, restarts the
+// kubelet and waits, bounded, for it and (control plane) the local
+// apiserver. It returns warnings for the status document.
 func (r *Repairer) Repair(ctx context.Context, in Input) ([]string, error) {
 	if in.Kubeadm == nil {
 		return nil, errors.New("no cluster config to build the kubelet-start configuration from")
 	}
-	if r.healthy(ctx, in) == nil {
-		r.Log.Info(EventNotNeeded, "control_plane", in.ControlPlane)
+	if in.ControlPlane && r.localReadyzOnce(ctx, in) == nil {
+		r.Log.Info(EventNotNeeded, "control_plane", true)
 		return nil, nil
+	}
+	// Give a kubelet that is just starting (this unit starts with it) a short
+	// grace: one that crash-loops on a removed flag never serves /healthz.
+	b := wait.Budget{Total: KubeletGrace, Interval: 2 * time.Second, PerAttempt: r.attempt()}
+	if wait.Poll(ctx, r.Clock, b, "kubelet", func(ctx context.Context) (bool, error) {
+		return true, r.Prober.Kubelet(ctx, r.kubeletURL())
+	}) == nil {
+		r.Log.Info(EventNotNeeded, "control_plane", in.ControlPlane)
+		if !in.ControlPlane {
+			return nil, nil
+		}
+		// The kubelet runs: the static control plane is still starting.
+		// Wait for it rather than restarting the kubelet under it.
+		b.Total = r.Budgets.LocalAPI
+		return nil, wait.Poll(ctx, r.Clock, b, "wait for the local apiserver", func(ctx context.Context) (bool, error) {
+			return true, r.localReadyz(ctx, in)
+		})
 	}
 	warnings := r.scan(in)
 	cfg, err := KubeletStartConfig(in)
@@ -109,7 +131,7 @@ func (r *Repairer) Repair(ctx context.Context, in Input) ([]string, error) {
 	}
 	r.Log.Info(EventKubeletStart, "outcome", "ok", "target", in.Target.String())
 
-	b := wait.Budget{Total: r.Budgets.KubeletHealthy, Interval: 2 * time.Second, PerAttempt: r.attempt()}
+	b.Total = r.Budgets.KubeletHealthy
 	if err := wait.Poll(ctx, r.Clock, b, "wait for the kubelet", func(ctx context.Context) (bool, error) {
 		return true, r.Prober.Kubelet(ctx, r.kubeletURL())
 	}); err != nil {
@@ -147,14 +169,14 @@ func (r *Repairer) kubeletURL() string {
 	return health.KubeletHealthzURL
 }
 
-// healthy is one probe: the local apiserver on a control plane, the kubelet on a worker.
-func (r *Repairer) healthy(ctx context.Context, in Input) error {
+// KubeletGrace is how long a kubelet that does not answer yet is given
+// before the repair concludes it is down.
+const KubeletGrace = 30 * time.Second
+
+func (r *Repairer) localReadyzOnce(ctx context.Context, in Input) error {
 	ctx, cancel := context.WithTimeout(ctx, r.attempt())
 	defer cancel()
-	if in.ControlPlane {
-		return r.localReadyz(ctx, in)
-	}
-	return r.Prober.Kubelet(ctx, r.kubeletURL())
+	return r.localReadyz(ctx, in)
 }
 
 func (r *Repairer) localReadyz(ctx context.Context, in Input) error {
@@ -166,7 +188,11 @@ func (r *Repairer) localReadyz(ctx context.Context, in Input) error {
 	if host == "" {
 		host = "127.0.0.1"
 	}
-	return r.Prober.Readyz(ctx, fmt.Sprintf("%s:%d", host, r.bindPort(in)), ca)
+	name := r.LocalAPIServerName
+	if name == "" {
+		name = health.APIServerName
+	}
+	return r.Prober.Readyz(ctx, fmt.Sprintf("%s:%d", host, r.bindPort(in)), name, ca)
 }
 
 // bindPort is the apiserver's --secure-port from its manifest, else the
