@@ -17,7 +17,7 @@ demo: build
 # Every test, including the ones that build and run a real kubeadm (cached
 # by version in $${PROVIDER_KUBERNETES_CACHE:-~/.cache/provider-kubernetes}).
 test: fmt-check vet
-	$(GO) test -count=1 -timeout 45m ./...
+	$(GO) test -count=1 -timeout 85m ./...
 	@echo "--- the crash-injection matrix (issue 4): kill points and what the next boot does"
 	@$(GO) test -count=1 -v -run 'TestCrashInjectionMatrix$$' ./internal/reconcile | sed -n '/crash-injection matrix/,/^--- PASS/p' 
 

@@ -38,38 +38,50 @@ func progress(t *testing.T, format string, a ...any) {
 }
 
 var (
-	treesOnce sync.Once
-	trees     map[string]string
-	treesErr  error
+	treesMu  sync.Mutex
+	treesDir string
+	trees    = map[string]string{}
 )
 
-// osTrees builds (from the cache, seconds when warm) the 1.36 and 1.37 OS
-// image trees: the A/B images the nodes boot.
-func osTrees(t *testing.T) map[string]string {
-	treesOnce.Do(func() {
+// osTrees builds (from the cache, seconds when warm) the OS image trees of
+// the given minors (default 1.36 and 1.37): the A/B images the nodes boot.
+// The provider in them is built from this checkout.
+func osTrees(t *testing.T, minors ...string) map[string]string {
+	if len(minors) == 0 {
+		minors = []string{"1.36", "1.37"}
+	}
+	treesMu.Lock()
+	defer treesMu.Unlock()
+	if treesDir == "" {
 		dir, err := os.MkdirTemp("", "pk-e2e-trees-")
 		if err != nil {
-			treesErr = err
-			return
+			t.Fatal(err)
 		}
-		trees = map[string]string{}
-		for _, minor := range []string{"1.36", "1.37"} {
-			progress(t, "building the %s OS image tree (cold: ~15 min of Kubernetes builds; warm: seconds)", minor)
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
-			res, err := imagetree.Build(ctx, minor, filepath.Join(dir, minor), imagetree.Options{Log: progressWriter{t}, Replace: true, ProviderVersion: "e2e"})
-			cancel()
-			if err != nil {
-				treesErr = fmt.Errorf("build the %s tree: %w", minor, err)
-				return
-			}
-			progress(t, "tree %s ready in %s: %s", minor, res.Took.Round(time.Second), res.Dir)
-			trees[minor] = res.Dir
+		treesDir = dir
+	}
+	for _, minor := range minors {
+		if trees[minor] != "" {
+			continue
 		}
-	})
-	if treesErr != nil {
-		t.Fatal(treesErr)
+		progress(t, "building the %s OS image tree (cold: ~10-15 min of Kubernetes builds; warm: seconds)", minor)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
+		res, err := imagetree.Build(ctx, minor, filepath.Join(treesDir, minor), imagetree.Options{Log: progressWriter{t}, Replace: true, ProviderVersion: "e2e"})
+		cancel()
+		if err != nil {
+			t.Fatalf("build the %s tree: %v", minor, err)
+		}
+		progress(t, "tree %s ready in %s: %s", minor, res.Took.Round(time.Second), res.Dir)
+		trees[minor] = res.Dir
 	}
 	return trees
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if treesDir != "" {
+		os.RemoveAll(treesDir)
+	}
+	os.Exit(code)
 }
 
 type progressWriter struct{ t *testing.T }
@@ -224,7 +236,7 @@ func kubectl(t *testing.T, n *harness.Node, args ...string) []byte {
 	return []byte(out)
 }
 
-// waitNodes polls until every node is Ready at version v.
+// waitNodes polls until the named nodes (all when none) are Ready at version v.
 func waitNodes(t *testing.T, via *harness.Node, v string, names ...string) {
 	t.Helper()
 	deadline := time.Now().Add(apiBudget)
@@ -258,8 +270,15 @@ func nodesAt(js []byte, v string, names []string) (bool, string) {
 	if err := json.Unmarshal(js, &list); err != nil {
 		return false, err.Error()
 	}
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
 	seen := map[string]bool{}
 	for _, it := range list.Items {
+		if len(want) > 0 && !want[it.Metadata.Name] {
+			continue
+		}
 		ready := false
 		for _, c := range it.Status.Conditions {
 			if c.Type == "Ready" && c.Status == "True" {
@@ -444,4 +463,48 @@ func refused(t *testing.T, n *harness.Node, code int, want string, before map[st
 			t.Fatalf("%s manifest changed by a refused pass", k)
 		}
 	}
+}
+
+// The skip-level refusal of issue 7's scenario 2 on a running cluster: a
+// control plane at 1.35.4 booted into the 1.37 image with the pin at
+// v1.37.2 is refused before anything runs (one minor at a time).
+func TestSkipLevelRefusal(t *testing.T) {
+	harness.Require(t)
+	tr := osTrees(t, "1.35", "1.37")
+	c := harness.New(t, harness.Options{Base: base(t)})
+	token := newToken(t)
+	cp1 := node{name: "cp1", ip: "10.0.0.11", role: "init"}
+	n, err := c.AddNode(context.Background(), harness.NodeSpec{Name: "cp1", Tree: tr["1.35"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot := func(what string) int {
+		t.Helper()
+		progress(t, "cp1: booting (%s)", what)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if err := n.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		code := reconcileExit(t, n)
+		st := nodeStatus(t, n)
+		progress(t, "cp1: the provider decided %v -> exit %d, status %s %s %s", st.Actions, code, st.Phase, st.Reason, st.Refusal)
+		return code
+	}
+	setPin(t, n, clusterSection(token, cp1, cp1.ip, "v1.35.4"))
+	if code := boot("1.35 image, pin v1.35.4: init"); code != 0 {
+		t.Fatalf("init at 1.35: exit %d\n%s", code, reconcileLog(t, n))
+	}
+	waitNodes(t, n, "v1.35.4", "cp1")
+	before := manifests(t, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := n.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.SetTree(tr["1.37"]); err != nil {
+		t.Fatal(err)
+	}
+	setPin(t, n, clusterSection(token, cp1, cp1.ip, "v1.37.2"))
+	refused(t, n, boot("1.37 image, pin v1.37.2: skip-level"), "SkipLevel", before)
 }

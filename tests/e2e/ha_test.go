@@ -1,0 +1,447 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kairos-io/provider-kubernetes/internal/observe"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+	"github.com/kairos-io/provider-kubernetes/tests/e2e/harness"
+)
+
+// haNode is one node of the HA cluster with its harness handle.
+type haNode struct {
+	node
+	n *harness.Node
+}
+
+// withCA adds the cluster CA (read from the first control plane after its
+// init) to a joining node's section: the CA pin an operator gets from
+// provider-kubernetes join-config.
+func withCA(t *testing.T, section []byte, ca string) []byte {
+	var m map[string]any
+	if err := yaml.Unmarshal(section, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["ca_certs"] = []string{ca}
+	b, err := yaml.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// withBudgets sets providerConfig.budgets.
+func withBudgets(t *testing.T, section []byte, budgets map[string]string) []byte {
+	var m map[string]any
+	if err := yaml.Unmarshal(section, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["providerConfig"] = map[string]any{"budgets": budgets}
+	b, err := yaml.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// kubectlVia runs kubectl on node n against its own apiserver (not the
+// cluster endpoint, which is cp1's and goes away while cp1 upgrades).
+func kubectlVia(ctx context.Context, n *haNode, args ...string) (string, error) {
+	return n.n.Output(ctx, append([]string{"/usr/bin/kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf",
+		"--server", "https://" + n.ip + ":6443", "--request-timeout=20s"}, args...)...)
+}
+
+// componentVersions reads every control-plane static pod's image version and
+// every kubelet's version through node via.
+type versions struct {
+	apiservers, schedulers, controllerManagers, kubelets map[string]version.Version
+	etcd                                                 map[string]string
+}
+
+func readVersions(ctx context.Context, via *haNode) (versions, error) {
+	v := versions{apiservers: map[string]version.Version{}, schedulers: map[string]version.Version{},
+		controllerManagers: map[string]version.Version{}, kubelets: map[string]version.Version{}, etcd: map[string]string{}}
+	out, err := kubectlVia(ctx, via, "-n", "kube-system", "get", "pods", "-l", "tier=control-plane", "-o", "json")
+	if err != nil {
+		return v, fmt.Errorf("pods: %w: %s", err, out)
+	}
+	var pods struct {
+		Items []struct {
+			Spec struct {
+				NodeName   string `json:"nodeName"`
+				Containers []struct{ Name, Image string }
+			} `json:"spec"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(out), &pods); err != nil {
+		return v, err
+	}
+	for _, p := range pods.Items {
+		c := p.Spec.Containers[0]
+		tag := observe.ImageTag(c.Image)
+		if c.Name == "etcd" {
+			v.etcd[p.Spec.NodeName] = tag
+			continue
+		}
+		pv, err := version.ParseReported(tag)
+		if err != nil {
+			return v, fmt.Errorf("%s on %s: %w", c.Name, p.Spec.NodeName, err)
+		}
+		switch c.Name {
+		case "kube-apiserver":
+			v.apiservers[p.Spec.NodeName] = pv
+		case "kube-scheduler":
+			v.schedulers[p.Spec.NodeName] = pv
+		case "kube-controller-manager":
+			v.controllerManagers[p.Spec.NodeName] = pv
+		}
+	}
+	out, err = kubectlVia(ctx, via, "get", "nodes", "-o", "json")
+	if err != nil {
+		return v, fmt.Errorf("nodes: %w", err)
+	}
+	var nodes struct {
+		Items []struct {
+			Metadata struct{ Name string } `json:"metadata"`
+			Status   struct {
+				NodeInfo struct{ KubeletVersion string } `json:"nodeInfo"`
+			} `json:"status"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(out), &nodes); err != nil {
+		return v, err
+	}
+	for _, n := range nodes.Items {
+		kv, err := version.ParseReported(n.Status.NodeInfo.KubeletVersion)
+		if err != nil {
+			return v, err
+		}
+		v.kubelets[n.Metadata.Name] = kv
+	}
+	return v, nil
+}
+
+// skewOK: no kubelet, controller-manager or scheduler newer than any apiserver.
+func (v versions) skewOK() error {
+	if len(v.apiservers) == 0 {
+		return fmt.Errorf("no apiserver seen")
+	}
+	var oldest version.Version
+	for _, a := range v.apiservers {
+		if oldest.IsZero() || a.Less(oldest) {
+			oldest = a
+		}
+	}
+	for what, m := range map[string]map[string]version.Version{"kubelet": v.kubelets, "kube-scheduler": v.schedulers, "kube-controller-manager": v.controllerManagers} {
+		for node, x := range m {
+			if oldest.MinorOf() != x.MinorOf() && oldest.Less(x) {
+				return fmt.Errorf("%s on %s is %s, newer than the oldest apiserver %s", what, node, x, oldest)
+			}
+		}
+	}
+	return nil
+}
+
+func (v versions) String() string {
+	var parts []string
+	for _, m := range []struct {
+		n string
+		m map[string]version.Version
+	}{{"apiserver", v.apiservers}, {"cm", v.controllerManagers}, {"sched", v.schedulers}, {"kubelet", v.kubelets}} {
+		var keys []string
+		for k := range m.m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%s/%s=%s", m.n, k, m.m[k]))
+		}
+	}
+	var ek []string
+	for k := range v.etcd {
+		ek = append(ek, k)
+	}
+	sort.Strings(ek)
+	for _, k := range ek {
+		parts = append(parts, fmt.Sprintf("etcd/%s=%s", k, v.etcd[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
+// Issue 8: three control planes with stacked etcd and one worker, 1.36.3 to
+// 1.37.2 across etcd 3.6.8 to 3.7.0, node by node as an operator would:
+// a worker rebooted into 1.37 before the control planes (waits, fails with
+// ControlPlaneNotUpgraded), the first control plane killed in the middle of
+// upgrade apply and booted again, a follower with a kubelet flag removed in
+// 1.37 planted before its swap (the repair path runs for real), then the
+// worker. After every step no kubelet, controller-manager or scheduler is
+// newer than any apiserver.
+func TestHAUpgrade(t *testing.T) {
+	harness.Require(t)
+	start := time.Now()
+	tr := osTrees(t)
+	c := harness.New(t, harness.Options{Base: base(t)})
+	token := newToken(t)
+	const endpoint = "10.0.0.11"
+	nodes := []*haNode{
+		{node: node{name: "cp1", ip: "10.0.0.11", role: "init"}},
+		{node: node{name: "cp2", ip: "10.0.0.12", role: "controlplane"}},
+		{node: node{name: "cp3", ip: "10.0.0.13", role: "controlplane"}},
+		{node: node{name: "w1", ip: "10.0.0.14", role: "worker"}},
+	}
+	for _, hn := range nodes {
+		n, err := c.AddNode(context.Background(), harness.NodeSpec{Name: hn.name, Tree: tr["1.36"]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hn.n = n
+	}
+	cp1, cp2, cp3, w1 := nodes[0], nodes[1], nodes[2], nodes[3]
+	var ca string
+	section := func(hn *haNode, pin string) []byte {
+		s := clusterSection(token, hn.node, endpoint, pin)
+		if hn.role != "init" {
+			s = withCA(t, s, ca)
+		}
+		return s
+	}
+	boot := func(hn *haNode, what string) int {
+		t.Helper()
+		progress(t, "%s: booting (%s)", hn.name, what)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if err := hn.n.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		code := reconcileExit(t, hn.n)
+		st := nodeStatus(t, hn.n)
+		progress(t, "%s: the provider decided %v -> exit %d, status %s %s %s", hn.name, st.Actions, code, st.Phase, st.Reason, st.Refusal)
+		return code
+	}
+	stop := func(hn *haNode) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if err := hn.n.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(step string, via *haNode) versions {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		var v versions
+		var err error
+		for i := 0; i < 30; i++ {
+			if v, err = readVersions(ctx, via); err == nil {
+				break
+			}
+			time.Sleep(2 * time.Second)
+		}
+		if err != nil {
+			t.Fatalf("%s: read versions via %s: %v", step, via.name, err)
+		}
+		if err := v.skewOK(); err != nil {
+			t.Fatalf("%s: skew policy broken: %v (%s)", step, err, v)
+		}
+		progress(t, "after %s: %s", step, v)
+		return v
+	}
+
+	// Bootstrap at 1.36.3: cp1 init, then one join at a time.
+	setPin(t, cp1.n, section(cp1, "v1.36.3"))
+	if code := boot(cp1, "init at v1.36.3"); code != 0 {
+		t.Fatalf("init: exit %d\n%s", code, reconcileLog(t, cp1.n))
+	}
+	caPEM, err := cp1.n.ReadFile("/etc/kubernetes/pki/ca.crt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca = string(caPEM)
+	for _, hn := range []*haNode{cp2, cp3, w1} {
+		setPin(t, hn.n, section(hn, "v1.36.3"))
+		if code := boot(hn, "join at v1.36.3"); code != 0 {
+			t.Fatalf("%s join: exit %d\n%s", hn.name, code, reconcileLog(t, hn.n))
+		}
+	}
+	waitNodes(t, cp2.n, "v1.36.3", "cp1", "cp2", "cp3", "w1")
+	check("bootstrap", cp2)
+	progress(t, "cluster of 3 control planes and a worker up at v1.36.3 after %s", time.Since(start).Round(time.Second))
+	t.Logf("bootstrap of 4 nodes: %s", time.Since(start).Round(time.Second))
+
+	// Scenario 4: the worker rebooted into 1.37 before any control plane.
+	stop(w1)
+	if err := w1.n.SetTree(tr["1.37"]); err != nil {
+		t.Fatal(err)
+	}
+	setPin(t, w1.n, withBudgets(t, section(w1, "v1.37.2"), map[string]string{"waitForCluster": "60s"}))
+	waitStart := time.Now()
+	if code := boot(w1, "1.37 image before the control planes"); code != 1 {
+		t.Fatalf("early worker: exit %d, want 1\n%s", code, lastPass(reconcileLog(t, w1.n)))
+	}
+	if st := nodeStatus(t, w1.n); st.Reason != "ControlPlaneNotUpgraded" {
+		t.Fatalf("early worker status %+v", st)
+	}
+	if took := time.Since(waitStart); took > 5*time.Minute {
+		t.Fatalf("the early worker's pass took %s with a 60s wait budget", took)
+	}
+	// The operator takes it back to the 1.36 image until the control planes are done.
+	stop(w1)
+	if err := w1.n.SetTree(tr["1.36"]); err != nil {
+		t.Fatal(err)
+	}
+	setPin(t, w1.n, section(w1, "v1.36.3"))
+	if code := boot(w1, "back on 1.36"); code != 0 {
+		t.Fatalf("w1 back on 1.36: exit %d", code)
+	}
+	waitNodes(t, cp2.n, "v1.36.3", "cp1", "cp2", "cp3", "w1")
+	check("early worker", cp2)
+
+	// Scenario 3 and the first control plane: swap cp1, kill it hard in the
+	// middle of upgrade apply, boot it again: the pass converges.
+	stop(cp1)
+	if err := cp1.n.SetTree(tr["1.37"]); err != nil {
+		t.Fatal(err)
+	}
+	setPin(t, cp1.n, section(cp1, "v1.37.2"))
+	progress(t, "cp1: booting (1.37 image: upgrade apply, to be killed mid-apply)")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	if err := cp1.n.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until kubeadm upgrade apply has run for a while (past the
+	// snapshot line, etcd being replaced), then stop the container hard.
+	for {
+		b, _ := cp1.n.ReadFile("/var/log/provider-kubernetes-reconcile.log")
+		if strings.Contains(lastPass(string(b)), "etcd-snapshot outcome=") {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("cp1 never reached upgrade apply:\n%s", lastPass(string(b)))
+		}
+		time.Sleep(time.Second)
+	}
+	time.Sleep(40 * time.Second)
+	if err := cp1.n.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	progress(t, "cp1: killed in the middle of upgrade apply")
+	if code := boot(cp1, "after the kill"); code != 0 {
+		t.Fatalf("cp1 after the kill: exit %d\n%s", code, reconcileLog(t, cp1.n))
+	}
+	log1 := reconcileLog(t, cp1.n)
+	// At most one snapshot attempt outcome per boot, never a second snapshot.
+	for i, pass := range strings.Split(log1, "msg=reconcile-start")[1:] {
+		if k := strings.Count(pass, "etcd-snapshot outcome="); k > 1 {
+			t.Fatalf("boot %d logged %d snapshot outcomes", i+1, k)
+		}
+	}
+	if strings.Count(log1, "etcd-snapshot outcome=taken") > 1 {
+		t.Fatal("re-snapshotted")
+	}
+	if !strings.Contains(log1, "etcd-version-warning") {
+		t.Fatalf("no etcd-version-warning before crossing 3.6.8 -> 3.7.0:\n%s", log1)
+	}
+	waitNodes(t, cp2.n, "v1.37.2", "cp1")
+	check("cp1 upgrade apply (killed and resumed)", cp2)
+
+	// The followers, one at a time. On cp2, a kubelet flag 1.37 removed is
+	// planted in kubeadm-flags.env before the swap: its new kubelet
+	// crash-loops until the repair rewrites the file.
+	for _, hn := range []*haNode{cp2, cp3} {
+		stop(hn)
+		if hn == cp2 {
+			flags, err := hn.n.ReadFile("/var/lib/kubelet/kubeadm-flags.env")
+			if err != nil {
+				t.Fatal(err)
+			}
+			planted := strings.Replace(string(flags), `KUBELET_KUBEADM_ARGS="`, `KUBELET_KUBEADM_ARGS="--containerd=/run/containerd/containerd.sock `, 1)
+			if planted == string(flags) {
+				t.Fatalf("unexpected kubeadm-flags.env: %s", flags)
+			}
+			if err := hn.n.WriteFile("/var/lib/kubelet/kubeadm-flags.env", []byte(planted), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := hn.n.SetTree(tr["1.37"]); err != nil {
+			t.Fatal(err)
+		}
+		setPin(t, hn.n, section(hn, "v1.37.2"))
+		if code := boot(hn, "1.37 image: upgrade node"); code != 0 {
+			t.Fatalf("%s upgrade node: exit %d\n%s", hn.name, code, lastPass(reconcileLog(t, hn.n)))
+		}
+		pass := lastPass(reconcileLog(t, hn.n))
+		for _, want := range []string{"msg=control-plane-health outcome=ok checks=cluster-endpoint-readyz,etcd-members", "msg=upgrade-node outcome=ok"} {
+			if !strings.Contains(pass, want) {
+				t.Fatalf("%s pass lacks %q:\n%s", hn.name, want, pass)
+			}
+		}
+		if strings.Contains(pass, "scheduler") {
+			t.Fatalf("%s waited on a scheduler:\n%s", hn.name, pass)
+		}
+		if hn == cp2 {
+			for _, want := range []string{"msg=kubelet-flags-removed flag=--containerd file=/var/lib/kubelet/kubeadm-flags.env", "msg=kubelet-start outcome=ok"} {
+				if !strings.Contains(pass, want) {
+					t.Fatalf("cp2's repair did not run for real (%q missing):\n%s", want, pass)
+				}
+			}
+		}
+		check(hn.name+" upgrade node", cp1)
+	}
+
+	// The worker last, on a later boot now that the control planes are done.
+	stop(w1)
+	if err := w1.n.SetTree(tr["1.37"]); err != nil {
+		t.Fatal(err)
+	}
+	setPin(t, w1.n, section(w1, "v1.37.2"))
+	if code := boot(w1, "1.37 image: upgrade node"); code != 0 {
+		t.Fatalf("w1 upgrade node: exit %d\n%s", code, lastPass(reconcileLog(t, w1.n)))
+	}
+	waitNodes(t, cp1.n, "v1.37.2", "cp1", "cp2", "cp3", "w1")
+	v := check("worker upgrade node", cp1)
+	for _, hn := range []*haNode{cp1, cp2, cp3} {
+		if !strings.HasPrefix(v.etcd[hn.name], "3.7.") {
+			t.Fatalf("etcd on %s runs %s", hn.name, v.etcd[hn.name])
+		}
+		if a := v.apiservers[hn.name]; a != version.MustParse("v1.37.2") {
+			t.Fatalf("apiserver on %s at %s", hn.name, a)
+		}
+	}
+	// etcd's own word: every member reports 3.7 and the cluster version moved.
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := cp1.n.Output(ctx, "/usr/bin/etcdctl", "--endpoints=https://10.0.0.11:2379,https://10.0.0.12:2379,https://10.0.0.13:2379",
+		"--cacert=/etc/kubernetes/pki/etcd/ca.crt", "--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt",
+		"--key=/etc/kubernetes/pki/etcd/healthcheck-client.key", "--command-timeout=10s", "endpoint", "status", "-w", "json")
+	if err != nil {
+		t.Fatalf("etcdctl endpoint status: %v\n%s", err, out)
+	}
+	var eps []struct {
+		Endpoint string
+		Status   struct{ Version string } `json:"Status"`
+	}
+	if err := json.Unmarshal([]byte(out), &eps); err != nil || len(eps) != 3 {
+		t.Fatalf("endpoint status: %v %s", err, out)
+	}
+	for _, ep := range eps {
+		if !strings.HasPrefix(ep.Status.Version, "3.7.") {
+			t.Fatalf("etcd member %s at %s", ep.Endpoint, ep.Status.Version)
+		}
+	}
+	progress(t, "all four nodes at v1.37.2, etcd 3.7 on every member, after %s", time.Since(start).Round(time.Second))
+	var peak []string
+	for _, hn := range nodes {
+		peak = append(peak, fmt.Sprintf("%s %d MiB", hn.name, hn.n.PeakMemory()>>20))
+	}
+	t.Logf("whole HA scenario: %s; peak memory %s", time.Since(start).Round(time.Second), strings.Join(peak, ", "))
+}
