@@ -70,6 +70,17 @@ func osTrees(t *testing.T, minors ...string) map[string]string {
 		if err != nil {
 			t.Fatalf("build the %s tree: %v", minor, err)
 		}
+		// The OS image carries containerd's config with its own pause as the
+		// sandbox image (as the Earthfile lays it on the Kairos base): 1.35
+		// bundles pause 3.10.1, 1.36 and 1.37 pause 3.10.2.
+		cfg := strings.Replace(harness.ContainerdConfig, `sandbox_image = "registry.k8s.io/pause:3.10.2"`,
+			`sandbox_image = "registry.k8s.io/pause:`+res.Entry.Pause+`"`, 1)
+		if err := os.MkdirAll(filepath.Join(res.Dir, "etc/containerd"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(res.Dir, "etc/containerd/config.toml"), []byte(cfg), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		progress(t, "tree %s ready in %s: %s", minor, res.Took.Round(time.Second), res.Dir)
 		trees[minor] = res.Dir
 	}
