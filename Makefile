@@ -3,16 +3,21 @@ GO ?= go
 BIN := bin/provider-kubernetes
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build demo test test-short e2e vet fmt-check bench fuzz tree trees
+.PHONY: build demo preview test test-short e2e vet fmt-check bench fuzz tree trees
 
 MINOR ?= 1.37
 
 build:
 	$(GO) build -trimpath -ldflags "-s -w -X github.com/kairos-io/provider-kubernetes/internal/cli.Version=$(VERSION)" -o $(BIN) ./cmd/provider-kubernetes
 
-# The main job on an embedded default: the plan preview over sample nodes.
+# The main job on an embedded default: a real one-node cluster bootstrapped
+# at 1.36.3 and upgraded to 1.37.2 by the provider alone (as root), after the
+# plan preview over sample nodes. `make preview` is the preview alone.
 demo: build
 	./examples/demo.sh
+
+preview: build
+	DEMO_PREVIEW_ONLY=1 ./examples/demo.sh
 
 # Every test, including the ones that build and run a real kubeadm (cached
 # by version in $${PROVIDER_KUBERNETES_CACHE:-~/.cache/provider-kubernetes}).
