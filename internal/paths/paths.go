@@ -15,6 +15,7 @@ const (
 	PersistDir     = "/usr/local/provider-kubernetes"
 	StatusMirror   = PersistDir + "/status.yaml"
 	ReconcileLog   = "/var/log/provider-kubernetes-reconcile.log"
+	KubeadmLog     = "/var/log/provider-kubernetes-kubeadm.log" // kubeadm's own output, sanitized
 	BundleManifest = "/usr/share/provider-kubernetes/bundle.yaml"
 
 	Kubeadm   = "/usr/bin/kubeadm"

@@ -382,8 +382,34 @@ func (p *pass) kubeadmUpgrade(ctx context.Context, obs Observation, args []strin
 		defer os.Remove(full)
 		args = append(args, "--config", UpgradeConfigPath)
 	}
-	_, err := p.Runner.Run(ctx, runner.Cmd{Path: paths.Kubeadm, Args: args, Timeout: p.Budgets.KubeadmUpgrade})
+	cmd := runner.Cmd{Path: paths.Kubeadm, Args: args, Timeout: p.Budgets.KubeadmUpgrade}
+	res, err := p.Runner.Run(ctx, cmd)
+	p.keepOutput(cmd, res, err)
 	return err
+}
+
+// keepOutput appends a kubeadm command's sanitized output to
+// /var/log/provider-kubernetes-kubeadm.log (0600, never through a symlink):
+// the reconcile log carries one line per event, this file the detail an
+// operator needs to see why kubeadm failed.
+func (p *pass) keepOutput(cmd runner.Cmd, res runner.Result, err error) {
+	full := p.Root.Path(paths.KubeadmLog)
+	if mkErr := os.MkdirAll(filepath.Dir(full), 0o755); mkErr != nil {
+		return
+	}
+	fd, oerr := unix.Open(full, unix.O_WRONLY|unix.O_APPEND|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if oerr != nil {
+		p.Log.Warn("kubeadm-log-unwritable", "error", oerr.Error())
+		return
+	}
+	f := os.NewFile(uintptr(fd), full)
+	defer f.Close()
+	outcome := "ok"
+	if err != nil {
+		outcome = runner.Sanitize(err.Error(), 300)
+	}
+	fmt.Fprintf(f, "=== %s %s (boot %s): %s\n", p.Now().UTC().Format(time.RFC3339), cmd.Short(), p.doc.BootID, outcome)
+	_, _ = f.Write(res.Transcript())
 }
 
 func (p *pass) restartKubelet(ctx context.Context) error {

@@ -456,6 +456,15 @@ func TestKubeadmFailureStopsThePass(t *testing.T) {
 	}
 	e.logHas(t, "msg=upgrade-apply", "outcome=failed", "reason=KubeadmFailed", "CreateJob")
 	e.noSecrets(t)
+	// kubeadm's own output is kept for the operator, sanitized, 0600.
+	st2, err := os.Stat(e.node.Path(paths.KubeadmLog))
+	if err != nil || st2.Mode().Perm() != 0o600 {
+		t.Fatalf("kubeadm log %v %v", st2, err)
+	}
+	kl := e.node.Read(paths.KubeadmLog)
+	if !strings.Contains(kl, "/usr/bin/kubeadm upgrade apply") || !strings.Contains(kl, "[ERROR CreateJob]") || strings.Contains(kl, "0123456789abcdef") {
+		t.Fatalf("kubeadm log:\n%s", kl)
+	}
 }
 
 func TestUnknownClusterRepairsThenDecidesAgain(t *testing.T) {

@@ -141,16 +141,50 @@ func (e Exec) Run(ctx context.Context, c Cmd) (Result, error) {
 }
 
 // LastLine is the last non-empty line of stderr, else of stdout, redacted and bounded.
+// The last line that names an error wins over plain last lines (kubeadm
+// ends a failure with "To see the stack trace of this error execute with
+// --v=5 or higher", which says nothing).
 func LastLine(r Result) string {
 	for _, b := range [][]byte{r.Stderr, r.Stdout} {
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		for i := len(lines) - 1; i >= 0; i-- {
-			if l := strings.TrimSpace(lines[i]); l != "" {
+			if l := strings.TrimSpace(lines[i]); strings.Contains(l, "[ERROR") {
 				return Sanitize(l, 300)
 			}
 		}
 	}
-	return ""
+	var plain string
+	for _, b := range [][]byte{r.Stderr, r.Stdout} {
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		for i := len(lines) - 1; i >= 0; i-- {
+			l := strings.TrimSpace(lines[i])
+			if l == "" || strings.HasPrefix(l, "To see the stack trace") {
+				continue
+			}
+			if lower := strings.ToLower(l); strings.Contains(lower, "error") || strings.Contains(lower, "fatal") {
+				return Sanitize(l, 300)
+			}
+			if plain == "" {
+				plain = l
+			}
+		}
+	}
+	return Sanitize(plain, 300)
+}
+
+// Transcript is the command's output for an operator's log: stdout then
+// stderr, every line sanitized (no token, key or certificate material).
+func (r Result) Transcript() []byte {
+	var b strings.Builder
+	for _, out := range [][]byte{r.Stdout, r.Stderr} {
+		for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+			if l != "" {
+				b.WriteString(Sanitize(l, 2000))
+				b.WriteByte('\n')
+			}
+		}
+	}
+	return []byte(b.String())
 }
 
 // tailBuffer keeps the last MaxOutput bytes written.

@@ -95,3 +95,21 @@ func TestSanitize(t *testing.T) {
 		t.Fatalf("not bounded: %d", len(got))
 	}
 }
+
+func TestLastLinePrefersTheError(t *testing.T) {
+	r := Result{Stderr: []byte("[upgrade] Running cluster health checks\n[ERROR CreateJob]: Job \"upgrade-health-check-x\" did not complete in 1m0s\nerror: error execution phase preflight: preflight checks failed\nTo see the stack trace of this error execute with --v=5 or higher\n")}
+	if got := LastLine(r); !strings.HasPrefix(got, "[ERROR CreateJob]") {
+		t.Fatalf("%q", got)
+	}
+	if got := LastLine(Result{Stdout: []byte("a\nb\n")}); got != "b" {
+		t.Fatalf("%q", got)
+	}
+}
+
+func TestTranscriptIsSanitized(t *testing.T) {
+	r := Result{Stdout: []byte("kubeadm join 10.0.0.11:6443 --token abcdef.0123456789abcdef\n"), Stderr: []byte("warning\n")}
+	got := string(r.Transcript())
+	if strings.Contains(got, "0123456789abcdef") || !strings.Contains(got, "warning") {
+		t.Fatalf("%q", got)
+	}
+}

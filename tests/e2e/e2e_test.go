@@ -227,6 +227,19 @@ func reconcileLog(t *testing.T, n *harness.Node) string {
 	return string(b)
 }
 
+// kubeadmLog is kubeadm's own output the provider keeps, for failures.
+func kubeadmLog(n *harness.Node) string {
+	b, err := n.ReadFile(paths.KubeadmLog)
+	if err != nil {
+		return "(no kubeadm log: " + err.Error() + ")"
+	}
+	s := string(b)
+	if len(s) > 6000 {
+		s = s[len(s)-6000:]
+	}
+	return s
+}
+
 // lastPass is the log of the last reconcile pass.
 func lastPass(log string) string {
 	i := strings.LastIndex(log, "msg=reconcile-start")
@@ -397,7 +410,7 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	if code := boot("1.37 image, pin v1.37.2: upgrade apply"); code != 0 {
-		t.Fatalf("upgrade failed: exit %d\n%s", code, lastPass(reconcileLog(t, n)))
+		t.Fatalf("upgrade failed: exit %d\n%s\nkubeadm:\n%s", code, lastPass(reconcileLog(t, n)), kubeadmLog(n))
 	}
 	if v := serverVersion(t, n); v != "v1.37.2" {
 		t.Fatalf("apiserver %s after the upgrade", v)

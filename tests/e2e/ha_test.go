@@ -336,7 +336,7 @@ func TestHAUpgrade(t *testing.T) {
 	cancel()
 	progress(t, "cp1: killed in the middle of upgrade apply")
 	if code := boot(cp1, "after the kill"); code != 0 {
-		t.Fatalf("cp1 after the kill: exit %d\n%s", code, reconcileLog(t, cp1.n))
+		t.Fatalf("cp1 after the kill: exit %d\n%s\nkubeadm:\n%s", code, reconcileLog(t, cp1.n), kubeadmLog(cp1.n))
 	}
 	log1 := reconcileLog(t, cp1.n)
 	// At most one snapshot attempt outcome per boot, never a second snapshot.
@@ -377,7 +377,7 @@ func TestHAUpgrade(t *testing.T) {
 		}
 		setPin(t, hn.n, section(hn, "v1.37.2"))
 		if code := boot(hn, "1.37 image: upgrade node"); code != 0 {
-			t.Fatalf("%s upgrade node: exit %d\n%s", hn.name, code, lastPass(reconcileLog(t, hn.n)))
+			t.Fatalf("%s upgrade node: exit %d\n%s\nkubeadm:\n%s", hn.name, code, lastPass(reconcileLog(t, hn.n)), kubeadmLog(hn.n))
 		}
 		pass := lastPass(reconcileLog(t, hn.n))
 		for _, want := range []string{"msg=control-plane-health outcome=ok checks=cluster-endpoint-readyz,etcd-members", "msg=upgrade-node outcome=ok"} {
@@ -405,7 +405,7 @@ func TestHAUpgrade(t *testing.T) {
 	}
 	setPin(t, w1.n, section(w1, "v1.37.2"))
 	if code := boot(w1, "1.37 image: upgrade node"); code != 0 {
-		t.Fatalf("w1 upgrade node: exit %d\n%s", code, lastPass(reconcileLog(t, w1.n)))
+		t.Fatalf("w1 upgrade node: exit %d\n%s\nkubeadm:\n%s", code, lastPass(reconcileLog(t, w1.n)), kubeadmLog(w1.n))
 	}
 	waitNodes(t, cp1.n, "v1.37.2", "cp1", "cp2", "cp3", "w1")
 	v := check("worker upgrade node", cp1)
