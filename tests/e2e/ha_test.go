@@ -129,8 +129,12 @@ func readVersions(ctx context.Context, via *haNode) (versions, error) {
 	return v, nil
 }
 
-// skewOK: no kubelet, controller-manager or scheduler newer than any apiserver.
-func (v versions) skewOK() error {
+// skewOK checks the version-skew policy as it applies to a kubeadm cluster:
+// a control plane's controller-manager, scheduler and kubelet talk only to
+// the apiserver on the same node (localAPI, checked from their kubeconfigs
+// by the caller), so none may be newer than that apiserver; a worker's
+// kubelet may reach any apiserver, so it may not be newer than any of them.
+func (v versions) skewOK(workers map[string]bool) error {
 	if len(v.apiservers) == 0 {
 		return fmt.Errorf("no apiserver seen")
 	}
@@ -142,8 +146,16 @@ func (v versions) skewOK() error {
 	}
 	for what, m := range map[string]map[string]version.Version{"kubelet": v.kubelets, "kube-scheduler": v.schedulers, "kube-controller-manager": v.controllerManagers} {
 		for node, x := range m {
-			if oldest.MinorOf() != x.MinorOf() && oldest.Less(x) {
-				return fmt.Errorf("%s on %s is %s, newer than the oldest apiserver %s", what, node, x, oldest)
+			bound, where := oldest, "the oldest apiserver"
+			if !workers[node] {
+				a, ok := v.apiservers[node]
+				if !ok {
+					return fmt.Errorf("%s on %s: no apiserver on that control plane", what, node)
+				}
+				bound, where = a, "its node's apiserver"
+			}
+			if bound.Less(x) {
+				return fmt.Errorf("%s on %s is %s, newer than %s %s", what, node, x, where, bound)
 			}
 		}
 	}
@@ -249,7 +261,7 @@ func TestHAUpgrade(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: read versions via %s: %v", step, via.name, err)
 		}
-		if err := v.skewOK(); err != nil {
+		if err := v.skewOK(map[string]bool{"w1": true}); err != nil {
 			t.Fatalf("%s: skew policy broken: %v (%s)", step, err, v)
 		}
 		progress(t, "after %s: %s", step, v)
@@ -274,6 +286,24 @@ func TestHAUpgrade(t *testing.T) {
 	}
 	waitNodes(t, cp2.n, "v1.36.3", "cp1", "cp2", "cp3", "w1")
 	check("bootstrap", cp2)
+	// What makes the per-node skew rule the right one: on every control
+	// plane kubeadm points the scheduler, the controller-manager and the
+	// kubelet at that node's own apiserver.
+	for _, hn := range []*haNode{cp1, cp2, cp3} {
+		for _, kc := range []string{"/etc/kubernetes/scheduler.conf", "/etc/kubernetes/controller-manager.conf", "/etc/kubernetes/kubelet.conf"} {
+			b, err := hn.n.ReadFile(kc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			local := false
+			for _, s := range []string{"server: https://" + hn.ip + ":6443", "server: https://127.0.0.1:6443", "server: https://localhost:6443"} {
+				local = local || strings.Contains(string(b), s)
+			}
+			if !local {
+				t.Fatalf("%s %s does not point at its own apiserver:\n%s", hn.name, kc, b)
+			}
+		}
+	}
 	progress(t, "cluster of 3 control planes and a worker up at v1.36.3 after %s", time.Since(start).Round(time.Second))
 	t.Logf("bootstrap of 4 nodes: %s", time.Since(start).Round(time.Second))
 
