@@ -311,6 +311,11 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 		if err := p.ensureKubelet(ctx, obs); err != nil {
 			return ReasonRepairFailed, err
 		}
+		// The same gate as a follower's: kubeadm's own preflight fails on a
+		// control plane that is still coming up after the boot.
+		if err := p.controlPlaneGate(ctx); err != nil {
+			return ReasonHealthGateTimeout, err
+		}
 		return ReasonKubeadmFailed, p.kubeadmUpgrade(ctx, obs, []string{"upgrade", "apply", pl.Pin.String(), "--yes"})
 	case plan.ActionUpgradeNode:
 		if err := p.ensureKubelet(ctx, obs); err != nil {
@@ -382,10 +387,39 @@ func (p *pass) kubeadmUpgrade(ctx context.Context, obs Observation, args []strin
 		defer os.Remove(full)
 		args = append(args, "--config", UpgradeConfigPath)
 	}
-	cmd := runner.Cmd{Path: paths.Kubeadm, Args: args, Timeout: p.Budgets.KubeadmUpgrade}
-	res, err := p.Runner.Run(ctx, cmd)
-	p.keepOutput(cmd, res, err)
-	return err
+	// kubeadm's preflight changes nothing: a failure there (a health-check
+	// Job that did not complete while the node settles after its boot) is
+	// retried, bounded by the kubeadm budget and PreflightAttempts. A failure
+	// in any later phase is not.
+	ctx, cancel := context.WithTimeout(ctx, p.Budgets.KubeadmUpgrade)
+	defer cancel()
+	cmd := runner.Cmd{Path: paths.Kubeadm, Args: args}
+	var err error
+	for attempt := 1; ; attempt++ {
+		var res runner.Result
+		res, err = p.Runner.Run(ctx, cmd)
+		p.keepOutput(cmd, res, err)
+		if err == nil || attempt >= PreflightAttempts || !preflightFailure(res) || ctx.Err() != nil {
+			return err
+		}
+		p.Log.Warn("kubeadm-preflight-retry", "attempt", attempt, "error", runner.Sanitize(err.Error(), 300))
+		select {
+		case <-ctx.Done():
+			return err
+		case <-p.Clock.After(PreflightRetryDelay):
+		}
+	}
+}
+
+// Preflight retries of a kubeadm upgrade command.
+const (
+	PreflightAttempts   = 3
+	PreflightRetryDelay = 20 * time.Second
+)
+
+func preflightFailure(res runner.Result) bool {
+	out := string(res.Stderr) + string(res.Stdout)
+	return strings.Contains(out, "error execution phase preflight")
 }
 
 // keepOutput appends a kubeadm command's sanitized output to

@@ -613,3 +613,41 @@ func TestWorkerRepairRunsBeforeUpgradeNode(t *testing.T) {
 		t.Fatalf("status warnings %q", st.Warnings)
 	}
 }
+
+// A preflight failure (nothing changed yet) is retried, bounded; the
+// attempts and the kubeadm output are kept.
+func TestKubeadmPreflightFailureIsRetried(t *testing.T) {
+	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
+	inner := e.rec.Reply
+	fails := 2
+	e.rec.Reply = func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+		if strings.HasPrefix(c.String(), "/usr/bin/kubeadm upgrade apply") && fails > 0 {
+			fails--
+			out := "[ERROR CreateJob]: Job \"upgrade-health-check\" did not complete in 1m0s\nerror: error execution phase preflight: preflight checks failed\n"
+			return runner.Result{Stderr: []byte(out), ExitCode: 1}, &runner.ExitError{Cmd: c.Short(), Code: 1, Tail: runner.LastLine(runner.Result{Stderr: []byte(out)})}
+		}
+		return inner(ctx, c)
+	}
+	res := e.run(Steps{})
+	if res.ExitCode != ExitOK {
+		t.Fatalf("exit %d %v", res.ExitCode, res.Err)
+	}
+	want := append([]string{"/usr/bin/kubeadm upgrade apply v1.37.2 --yes", "/usr/bin/kubeadm upgrade apply v1.37.2 --yes"}, applyLines...)
+	if got := e.lines(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("ran %q", got)
+	}
+	e.logHas(t, "msg=kubeadm-preflight-retry", "attempt=2")
+	if k := strings.Count(e.node.Read(paths.KubeadmLog), "=== "); k != 3 {
+		t.Fatalf("kubeadm log has %d runs", k)
+	}
+
+	// Always failing in preflight: PreflightAttempts, then the pass fails.
+	e2 := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
+	e2.rec.Reply = func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+		out := "error: error execution phase preflight: preflight checks failed\n"
+		return runner.Result{Stderr: []byte(out), ExitCode: 1}, &runner.ExitError{Cmd: c.Short(), Code: 1}
+	}
+	if res := e2.run(Steps{}); res.ExitCode != ExitFailed || len(e2.lines()) != PreflightAttempts {
+		t.Fatalf("exit %d ran %q", res.ExitCode, e2.lines())
+	}
+}
