@@ -116,12 +116,11 @@ func entry(ctx context.Context, argv []string, root string, stdin io.Reader, std
 
 func servePlugin(ctx context.Context, r paths.Root, event string, stdin io.Reader, stdout, stderr io.Writer) int {
 	o := plugin.Options{Root: r, Reset: func(ctx context.Context, logw io.Writer) (status.Document, error) {
-		logFile, err := OpenLog(r)
+		log, logFile, err := reconcileLogger(r, logw)
 		if err != nil {
-			return status.Document{Phase: status.PhaseResetFailed}, fmt.Errorf("open reconcile log: %w", err)
+			return status.Document{Phase: status.PhaseResetFailed}, err
 		}
 		defer logFile.Close()
-		log := slog.New(slog.NewTextHandler(io.MultiWriter(logFile, logw), nil))
 		res := reset.Run(ctx, reset.Options{Root: r, Runner: runner.Exec{Root: string(r)}, Log: log})
 		return res.Status, res.Err
 	}}
@@ -208,13 +207,12 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return reconcile.ExitUsage
 	}
 	r := paths.Root(*root)
-	logFile, err := OpenLog(r)
+	log, logFile, err := reconcileLogger(r, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "open reconcile log: %v\n", err)
+		fmt.Fprintf(stderr, "%v\n", err)
 		return reconcile.ExitFailed
 	}
 	defer logFile.Close()
-	log := slog.New(slog.NewTextHandler(io.MultiWriter(logFile, stderr), nil))
 	ctx, cancel := context.WithTimeout(ctx, reconcile.PassBound)
 	defer cancel()
 	run := runner.Exec{Root: *root}
@@ -242,6 +240,21 @@ func repairStep(root paths.Root, run runner.Runner, log *slog.Logger) func(conte
 		}
 		return rp.Repair(ctx, repair.Input{Target: pin, ControlPlane: obs.ControlPlane, Role: obs.Facts.Role, NodeName: name, Kubeadm: obs.Config.Kubeadm})
 	}
+}
+
+// reconcileLogger is the logger every command that acts on the node uses:
+// one logfmt line per event to the reconcile log and to the writer also (the journal,
+// or a plugin's log field). The caller closes the returned file.
+func reconcileLogger(r paths.Root, also io.Writer) (*slog.Logger, io.Closer, error) {
+	f, err := OpenLog(r)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open reconcile log: %w", err)
+	}
+	var w io.Writer = f
+	if also != nil {
+		w = io.MultiWriter(f, also)
+	}
+	return slog.New(slog.NewTextHandler(w, nil)), f, nil
 }
 
 // OpenLog opens the reconcile log for appending, 0640, never through a symlink.
@@ -468,13 +481,12 @@ func cmdReset(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 // runReset is the reset shared by the command and the cluster.reset event.
 func runReset(ctx context.Context, r paths.Root, stdout, stderr io.Writer) int {
-	logFile, err := OpenLog(r)
+	log, logFile, err := reconcileLogger(r, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "open reconcile log: %v\n", err)
+		fmt.Fprintf(stderr, "%v\n", err)
 		return reconcile.ExitFailed
 	}
 	defer logFile.Close()
-	log := slog.New(slog.NewTextHandler(io.MultiWriter(logFile, stderr), nil))
 	res := reset.Run(ctx, reset.Options{Root: r, Runner: runner.Exec{Root: string(r)}, Log: log})
 	_ = status.Print(stdout, res.Status, "text")
 	return res.ExitCode

@@ -47,13 +47,12 @@ func cmdEtcdSnapshot(ctx context.Context, args []string, stdout, stderr io.Write
 		return reconcile.ExitUsage
 	}
 	r := paths.Root(*root)
-	logFile, err := OpenLog(r)
+	log, logFile, err := reconcileLogger(r, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "open reconcile log: %v\n", err)
+		fmt.Fprintf(stderr, "%v\n", err)
 		return reconcile.ExitFailed
 	}
 	defer logFile.Close()
-	log := slog.New(slog.NewTextHandler(io.MultiWriter(logFile, stderr), nil))
 	res := etcdsnap.Take(ctx, etcdsnap.Options{Root: r, Runner: runner.Exec{Root: *root}, Log: log, FS: gateFS}, tv)
 	if res.Outcome == etcdsnap.Failed {
 		return reconcile.ExitFailed
@@ -79,13 +78,12 @@ func cmdPruneKubeadmBackups(ctx context.Context, args []string, stdout, stderr i
 		return reconcile.ExitUsage
 	}
 	r := paths.Root(*root)
-	logFile, err := OpenLog(r)
+	log, logFile, err := reconcileLogger(r, nil)
 	if err != nil {
-		fmt.Fprintf(stderr, "open reconcile log: %v\n", err)
+		fmt.Fprintf(stderr, "%v\n", err)
 		return reconcile.ExitFailed
 	}
 	defer logFile.Close()
-	log := slog.New(slog.NewTextHandler(logFile, nil))
 
 	s, err := kubeadmbackup.List(r)
 	if err != nil {
