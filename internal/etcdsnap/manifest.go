@@ -8,8 +8,7 @@ import (
 	"path"
 	"strings"
 
-	"sigs.k8s.io/yaml"
-
+	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 )
 
@@ -35,33 +34,9 @@ var ErrManifest = errors.New("etcd manifest")
 
 // ParseManifest reads the etcd container's flags from etcd.yaml.
 func ParseManifest(b []byte) (Endpoint, error) {
-	var pod struct {
-		Spec struct {
-			Containers []struct {
-				Name    string   `json:"name"`
-				Command []string `json:"command"`
-				Args    []string `json:"args"`
-			} `json:"containers"`
-		} `json:"spec"`
-	}
-	if err := yaml.Unmarshal(b, &pod); err != nil {
-		return Endpoint{}, fmt.Errorf("%w: parse: %v", ErrManifest, err)
-	}
-	var flags map[string]string
-	for _, c := range pod.Spec.Containers {
-		if c.Name != "etcd" {
-			continue
-		}
-		flags = map[string]string{}
-		for _, a := range append(append([]string{}, c.Command...), c.Args...) {
-			k, v, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
-			if ok && strings.HasPrefix(a, "--") {
-				flags[k] = v
-			}
-		}
-	}
-	if flags == nil {
-		return Endpoint{}, fmt.Errorf("%w: no etcd container", ErrManifest)
+	flags, err := observe.ManifestFlags(b, "etcd")
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("%w: %v", ErrManifest, err)
 	}
 	ep := Endpoint{CA: flags["trusted-ca-file"], DataDir: flags["data-dir"]}
 	if ep.DataDir == "" {

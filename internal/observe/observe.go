@@ -290,9 +290,9 @@ func (o *Observer) ClusterVersion(ctx context.Context, client *kube.Client, b wa
 // ReadManifest reads a static pod manifest, refusing symlinks.
 func ReadManifest(path string) ([]byte, error) { return fsutil.ReadFileNoFollow(path, 1<<20) }
 
-// ManifestFlag returns the value of --flag in the named container's command
-// of a static pod manifest, or "".
-func ManifestFlag(b []byte, container, flag string) string {
+// ManifestFlags returns the --key=value flags of the named container's
+// command and args in a static pod manifest.
+func ManifestFlags(b []byte, container string) (map[string]string, error) {
 	var pod struct {
 		Spec struct {
 			Containers []struct {
@@ -303,17 +303,29 @@ func ManifestFlag(b []byte, container, flag string) string {
 		} `json:"spec"`
 	}
 	if err := yaml.Unmarshal(b, &pod); err != nil {
-		return ""
+		return nil, fmt.Errorf("parse static pod manifest: %w", err)
 	}
 	for _, c := range pod.Spec.Containers {
 		if c.Name != container {
 			continue
 		}
-		for _, a := range append(c.Command, c.Args...) {
-			if v, ok := strings.CutPrefix(a, "--"+flag+"="); ok {
-				return v
+		flags := map[string]string{}
+		for _, a := range append(append([]string{}, c.Command...), c.Args...) {
+			if k, v, ok := strings.Cut(strings.TrimPrefix(a, "--"), "="); ok && strings.HasPrefix(a, "--") {
+				flags[k] = v
 			}
 		}
+		return flags, nil
 	}
-	return ""
+	return nil, fmt.Errorf("no container %q", container)
+}
+
+// ManifestFlag returns the value of --flag in the named container's command
+// of a static pod manifest, or "".
+func ManifestFlag(b []byte, container, flag string) string {
+	flags, err := ManifestFlags(b, container)
+	if err != nil {
+		return ""
+	}
+	return flags[flag]
 }

@@ -2,11 +2,11 @@ package reconcile
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
+	"os"
 	"time"
 
+	"github.com/kairos-io/provider-kubernetes/internal/etcdsnap"
 	"github.com/kairos-io/provider-kubernetes/internal/health"
 	"github.com/kairos-io/provider-kubernetes/internal/kube"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
@@ -21,13 +21,6 @@ const (
 	EventControlPlaneHealth = "control-plane-health"
 )
 
-// etcd client files kubeadm writes on a stacked control plane.
-const (
-	EtcdCA         = paths.KubernetesDir + "/pki/etcd/ca.crt"
-	EtcdClientCert = paths.KubernetesDir + "/pki/etcd/healthcheck-client.crt"
-	EtcdClientKey  = paths.KubernetesDir + "/pki/etcd/healthcheck-client.key"
-)
-
 func (p *pass) budget(total time.Duration) wait.Budget {
 	return wait.Budget{Total: total, Interval: 2 * time.Second, PerAttempt: p.Budgets.APIRequest}
 }
@@ -39,19 +32,30 @@ func (p *pass) budget(total time.Duration) wait.Budget {
 // apiserver is new, so waiting on it would deadlock the rollout.
 func (p *pass) controlPlaneGate(ctx context.Context) error {
 	start := p.Clock.Now()
+	// Stacked etcd: every member is checked through kubeadm's
+	// healthcheck-client certificate. External etcd is the operator's; the
+	// apiserver's /readyz already includes its etcd check.
+	_, statErr := os.Lstat(p.Root.Path(paths.EtcdManifest))
+	stacked := statErr == nil
+	checks := "cluster-endpoint-readyz"
+	if stacked {
+		checks += ",etcd-members"
+	}
 	admin, err := kube.Load(p.Root, p.Budgets.APIRequest, paths.AdminConf)
 	if err == nil {
 		err = wait.Poll(ctx, p.Clock, p.budget(p.Budgets.ControlPlaneHealth), "wait for a healthy control plane", func(ctx context.Context) (bool, error) {
 			if err := admin.Readyz(ctx); err != nil {
 				return false, fmt.Errorf("cluster endpoint: %w", err)
 			}
-			if err := p.etcdHealthy(ctx); err != nil {
-				return false, err
+			if stacked {
+				if err := p.etcdHealthy(ctx); err != nil {
+					return false, err
+				}
 			}
 			return true, nil
 		})
 	}
-	attrs := []any{"outcome", "ok", "checks", "cluster-endpoint-readyz,etcd-members", "duration", p.Clock.Now().Sub(start).String()}
+	attrs := []any{"outcome", "ok", "checks", checks, "duration", p.Clock.Now().Sub(start).String()}
 	if err != nil {
 		attrs[1] = "failed"
 		p.Log.Error(EventControlPlaneHealth, append(attrs, "error", err.Error())...)
@@ -65,17 +69,21 @@ func (p *pass) etcdHealthy(ctx context.Context) error {
 	if p.EtcdHealthy != nil {
 		return p.EtcdHealthy(ctx)
 	}
-	tlsCfg, err := health.EtcdTLS(p.Root.Path(EtcdCA), p.Root.Path(EtcdClientCert), p.Root.Path(EtcdClientKey))
+	// Endpoint and TLS files come from this node's etcd manifest, as for the
+	// snapshot, not from guesses.
+	b, err := observe.ReadManifest(p.Root.Path(paths.EtcdManifest))
+	if err != nil {
+		return fmt.Errorf("etcd manifest: %w", err)
+	}
+	ep, err := etcdsnap.ParseManifest(b)
 	if err != nil {
 		return err
 	}
-	seed := "https://127.0.0.1:2379"
-	if b, err := readManifest(p.Root.Path(paths.EtcdManifest)); err == nil {
-		if u := observe.ManifestFlag(b, "etcd", "advertise-client-urls"); u != "" {
-			seed = strings.Split(u, ",")[0]
-		}
+	tlsCfg, err := health.EtcdTLS(p.Root.Path(ep.CA), p.Root.Path(ep.Cert), p.Root.Path(ep.Key))
+	if err != nil {
+		return err
 	}
-	return health.EtcdMembers(ctx, seed, tlsCfg)
+	return health.EtcdMembers(ctx, ep.URL, tlsCfg)
 }
 
 // verify waits, bounded, until this node runs the target: its control-plane
@@ -161,14 +169,4 @@ func (p *pass) staticPodsAt(ctx context.Context, client *kube.Client, node strin
 		}
 	}
 	return nil
-}
-
-var errNoManifest = errors.New("no manifest")
-
-func readManifest(path string) ([]byte, error) {
-	b, err := observe.ReadManifest(path)
-	if err != nil {
-		return nil, errors.Join(errNoManifest, err)
-	}
-	return b, nil
 }

@@ -3,13 +3,16 @@ package reconcile
 import (
 	"context"
 	"errors"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/etcdtest"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -134,4 +137,48 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// The follower gate on a real etcd: endpoint and TLS files read from the
+// kubeadm etcd manifest on the node, client-certificate TLS, a real member
+// list and status. Nothing faked but the apiserver.
+func TestFollowerGateOnRealEtcd(t *testing.T) {
+	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+	e.realEtcd = true
+	etcdtest.Start(t, e.node, etcdtest.Config{})
+	res := e.run(Steps{})
+	if res.ExitCode != ExitOK || !reflect.DeepEqual(e.lines(), nodeLines) {
+		t.Fatalf("exit %d %v lines %q\n%s", res.ExitCode, res.Err, e.lines(), e.logBuf.String())
+	}
+	e.logHas(t, "msg="+EventControlPlaneHealth, "outcome=ok", "checks=cluster-endpoint-readyz,etcd-members")
+}
+
+// External etcd (no etcd manifest on the node): the gate checks the cluster
+// endpoint only, whose /readyz carries the apiserver's own etcd check.
+func TestFollowerGateWithExternalEtcd(t *testing.T) {
+	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+	e.realEtcd = true
+	if err := os.Remove(e.node.Path(paths.EtcdManifest)); err != nil {
+		t.Fatal(err)
+	}
+	res := e.run(Steps{})
+	if res.ExitCode != ExitOK || !reflect.DeepEqual(e.lines(), nodeLines) {
+		t.Fatalf("exit %d %v lines %q\n%s", res.ExitCode, res.Err, e.lines(), e.logBuf.String())
+	}
+	e.logHas(t, "msg="+EventControlPlaneHealth, "outcome=ok", "checks=cluster-endpoint-readyz ")
+}
+
+// A stacked etcd whose manifest names TLS files that are not there: the
+// gate fails within its budget and names the missing file.
+func TestFollowerGateNamesABrokenEtcdManifest(t *testing.T) {
+	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+	e.realEtcd = true
+	e.node.Write(paths.EtcdManifest, etcdtest.Manifest("etcd", "registry.k8s.io/etcd:3.6.8-0", 2379, 2380), 0o600)
+	res := e.run(Steps{})
+	if res.ExitCode != ExitFailed || res.Status.Reason != ReasonHealthGateTimeout || !strings.Contains(res.Status.Message, "healthcheck-client") && !strings.Contains(res.Status.Message, "etcd ca") {
+		t.Fatalf("exit %d %+v", res.ExitCode, res.Status)
+	}
+	if len(e.lines()) != 0 {
+		t.Fatalf("ran %q", e.lines())
+	}
 }
