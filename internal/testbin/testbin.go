@@ -66,63 +66,58 @@ func Kubernetes(ctx context.Context, kver, name string, log io.Writer) (string, 
 		return "", err
 	}
 	out := filepath.Join(CacheDir(), "bin", kver, name)
+	return out, cached(out, fmt.Sprintf("%s %s from modules (cold: several minutes on 2 cores)", name, kver), log, func() error {
+		wrap := filepath.Join(CacheDir(), "wrap", "kubernetes-"+kver)
+		if err := writeWrapper(ctx, wrap, v); err != nil {
+			return err
+		}
+		return goBuild(ctx, wrap, out, "k8s.io/kubernetes/cmd/"+name, ldflags(v), log)
+	})
+}
+
+// cached builds out with build unless it is already there. Concurrent
+// callers (several test packages at once) serialise on one lock file and
+// check again once they hold it.
+func cached(out, what string, log io.Writer, build func() error) error {
 	if ok(out) {
-		return out, nil
+		return nil
 	}
 	unlock, err := lock(filepath.Join(CacheDir(), "build.lock"))
 	if err != nil {
-		return "", err
+		return err
 	}
 	defer unlock()
 	if ok(out) {
-		return out, nil
+		return nil
 	}
-	fmt.Fprintf(log, "testbin: building %s %s from modules into %s (cold: several minutes on 2 cores)\n", name, kver, out)
+	fmt.Fprintf(log, "testbin: building %s into %s\n", what, out)
 	start := time.Now()
-	wrap := filepath.Join(CacheDir(), "wrap", "kubernetes-"+kver)
-	if err := writeWrapper(ctx, wrap, v); err != nil {
-		return "", err
+	if err := build(); err != nil {
+		return err
 	}
-	if err := goBuild(ctx, wrap, out, "k8s.io/kubernetes/cmd/"+name, ldflags(v), log); err != nil {
-		return "", err
-	}
-	fmt.Fprintf(log, "testbin: built %s %s in %s\n", name, kver, time.Since(start).Round(time.Second))
-	return out, nil
+	fmt.Fprintf(log, "testbin: built %s in %s\n", what, time.Since(start).Round(time.Second))
+	return nil
 }
 
 // GoBinary returns the path of package pkg of module@ver built as name,
 // building it into the cache when missing (etcd, etcdctl, etcdutl, coredns).
 func GoBinary(ctx context.Context, module, ver, pkg, name, ldflags string, log io.Writer) (string, error) {
-	out := filepath.Join(CacheDir(), "bin", strings.ReplaceAll(module, "/", "_")+"@"+ver, name)
-	if ok(out) {
-		return out, nil
-	}
-	unlock, err := lock(filepath.Join(CacheDir(), "build.lock"))
-	if err != nil {
-		return "", err
-	}
-	defer unlock()
-	if ok(out) {
-		return out, nil
-	}
-	fmt.Fprintf(log, "testbin: building %s (%s@%s) into %s\n", name, module, ver, out)
-	start := time.Now()
-	wrap := filepath.Join(CacheDir(), "wrap", strings.ReplaceAll(module, "/", "_")+"@"+ver)
-	if err := os.MkdirAll(wrap, 0o755); err != nil {
-		return "", err
-	}
-	gm := fmt.Sprintf("module example.com/wrap\n\ngo 1.26.0\n\nrequire %s %s\n", module, ver)
-	if err := os.WriteFile(filepath.Join(wrap, "go.mod"), []byte(gm), 0o644); err != nil {
-		return "", err
-	}
-	if ldflags == "" {
-		ldflags = "-s -w"
-	}
-	if err := goBuild(ctx, wrap, out, pkg, ldflags, log); err != nil {
-		return "", err
-	}
-	fmt.Fprintf(log, "testbin: built %s in %s\n", name, time.Since(start).Round(time.Second))
-	return out, nil
+	key := strings.ReplaceAll(module, "/", "_") + "@" + ver
+	out := filepath.Join(CacheDir(), "bin", key, name)
+	return out, cached(out, fmt.Sprintf("%s (%s@%s)", name, module, ver), log, func() error {
+		wrap := filepath.Join(CacheDir(), "wrap", key)
+		if err := os.MkdirAll(wrap, 0o755); err != nil {
+			return err
+		}
+		gm := fmt.Sprintf("module example.com/wrap\n\ngo 1.26.0\n\nrequire %s %s\n", module, ver)
+		if err := os.WriteFile(filepath.Join(wrap, "go.mod"), []byte(gm), 0o644); err != nil {
+			return err
+		}
+		if ldflags == "" {
+			ldflags = "-s -w"
+		}
+		return goBuild(ctx, wrap, out, pkg, ldflags, log)
+	})
 }
 
 // Etcd returns a cached etcd server binary at ver ("v3.6.8").
