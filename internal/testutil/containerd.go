@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -66,11 +67,16 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 			<-done
 		}
 		// The snapshotter may leave mounts behind; unmount before the dir goes.
-		exec.Command("umount", "-R", filepath.Join(dir, "root")).Run()
+		uctx, ucancel := context.WithTimeout(context.Background(), 30*time.Second)
+		exec.CommandContext(uctx, "umount", "-R", filepath.Join(dir, "root")).Run()
+		ucancel()
 	})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if err := exec.Command("ctr", "--address", address, "version").Run(); err == nil {
+		vctx, vcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := exec.CommandContext(vctx, "ctr", "--address", address, "version").Run()
+		vcancel()
+		if err == nil {
 			return address
 		}
 		select {
