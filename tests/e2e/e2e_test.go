@@ -193,6 +193,22 @@ func setPin(t *testing.T, n *harness.Node, section []byte) {
 	}
 }
 
+// bootNode starts a stopped node, waits for this boot's reconcile pass and
+// returns its exit code, printing what the provider decided.
+func bootNode(t *testing.T, n *harness.Node, what string) int {
+	t.Helper()
+	progress(t, "%s: booting (%s)", n.Name, what)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := n.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	code := reconcileExit(t, n)
+	st := nodeStatus(t, n)
+	progress(t, "%s: the provider decided %v -> exit %d, status %s %s %s", n.Name, st.Actions, code, st.Phase, st.Reason, st.Refusal)
+	return code
+}
+
 // reconcile waits for this boot's reconcile pass and returns its exit code.
 func reconcileExit(t *testing.T, n *harness.Node) int {
 	t.Helper()
@@ -363,19 +379,7 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	boot := func(what string) int {
-		t.Helper()
-		progress(t, "cp1: booting (%s)", what)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if err := n.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		code := reconcileExit(t, n)
-		st := nodeStatus(t, n)
-		progress(t, "cp1: the provider decided %v -> exit %d, status %s %s %s", st.Actions, code, st.Phase, st.Reason, st.Refusal)
-		return code
-	}
+	boot := func(what string) int { t.Helper(); return bootNode(t, n, what) }
 	stop := func() {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -502,19 +506,7 @@ func TestSkipLevelRefusal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	boot := func(what string) int {
-		t.Helper()
-		progress(t, "cp1: booting (%s)", what)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if err := n.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		code := reconcileExit(t, n)
-		st := nodeStatus(t, n)
-		progress(t, "cp1: the provider decided %v -> exit %d, status %s %s %s", st.Actions, code, st.Phase, st.Reason, st.Refusal)
-		return code
-	}
+	boot := func(what string) int { t.Helper(); return bootNode(t, n, what) }
 	setPin(t, n, clusterSection(token, cp1, cp1.ip, "v1.35.4"))
 	if code := boot("1.35 image, pin v1.35.4: init"); code != 0 {
 		t.Fatalf("init at 1.35: exit %d\n%s", code, reconcileLog(t, n))

@@ -225,19 +225,7 @@ func TestHAUpgrade(t *testing.T) {
 		}
 		return s
 	}
-	boot := func(hn *haNode, what string) int {
-		t.Helper()
-		progress(t, "%s: booting (%s)", hn.name, what)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if err := hn.n.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		code := reconcileExit(t, hn.n)
-		st := nodeStatus(t, hn.n)
-		progress(t, "%s: the provider decided %v -> exit %d, status %s %s %s", hn.name, st.Actions, code, st.Phase, st.Reason, st.Refusal)
-		return code
-	}
+	boot := func(hn *haNode, what string) int { t.Helper(); return bootNode(t, hn.n, what) }
 	stop := func(hn *haNode) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
