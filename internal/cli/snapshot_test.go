@@ -37,7 +37,7 @@ func TestEtcdSnapshotCommandTakesOnceAndLogs(t *testing.T) {
 		t.Skip("writes root:root files: needs root (CI runs as root)")
 	}
 	n := testutil.NewNode(t, "cp1")
-	etcdtest.BundleEtcdctl(t, n)
+	etcdtest.BundleEtcdTools(t, n)
 	withGate(t, etcdtest.EncryptedPersistent(t, n))
 	e := etcdtest.Start(t, n, etcdtest.Config{})
 	e.PutKeys("/registry/configmaps/default/c", 20, 100)
@@ -75,7 +75,7 @@ func TestEtcdSnapshotCommandExitCodes(t *testing.T) {
 	})
 	t.Run("default install: 0, nothing written", func(t *testing.T) {
 		n := testutil.NewNode(t, "cp1")
-		etcdtest.BundleEtcdctl(t, n)
+		etcdtest.BundleEtcdTools(t, n)
 		withGate(t, etcdtest.PlainPersistent(t, n))
 		etcdtest.Start(t, n, etcdtest.Config{})
 		code, _, errOut := run("etcd-snapshot", "--root", n.Root, "--target", "v1.37.2")

@@ -2,7 +2,7 @@
 // control plane that runs kubeadm upgrade apply, with stacked etcd, one
 // snapshot per etcd cluster and target minor, written with the bundled
 // etcdctl only onto ext4/xfs directly on dm-crypt (internal/cryptgate),
-// verified with etcdutl's snapshot status before it counts. It never fails
+// verified with the bundled etcdutl's snapshot status before it counts. It never fails
 // the upgrade: every attempt ends in one Outcome and one log line.
 package etcdsnap
 
@@ -63,7 +63,7 @@ const (
 // Options configure an attempt.
 type Options struct {
 	Root   paths.Root
-	Runner runner.Runner // runs /usr/bin/etcdctl
+	Runner runner.Runner // runs /usr/bin/etcdctl and /usr/bin/etcdutl
 	Log    *slog.Logger
 	// FS is the stat/statfs seam of the encryption gate; nil is the kernel's.
 	FS  cryptgate.FS
@@ -114,6 +114,7 @@ func Take(ctx context.Context, o Options, target version.Version) (res Result) {
 	if o.Request <= 0 {
 		o.Request = DefaultRequest
 	}
+	logCtx := ctx // the line is written even when the attempt's bound has passed
 	ctx, cancel := context.WithTimeout(ctx, o.Total)
 	defer cancel()
 	a := &attempt{o: o, target: target}
@@ -123,14 +124,14 @@ func Take(ctx context.Context, o Options, target version.Version) (res Result) {
 		}
 		a.close()
 		res.Reason = runner.Sanitize(res.Reason, maxReason)
-		a.logLine(res)
+		a.logLine(logCtx, res)
 	}()
 	res = a.run(ctx)
 	res.Warnings = a.warnings
 	return res
 }
 
-func (a *attempt) logLine(res Result) {
+func (a *attempt) logLine(ctx context.Context, res Result) {
 	attrs := []any{"outcome", string(res.Outcome), "target", a.target.String()}
 	level := slog.LevelWarn
 	switch res.Outcome {
@@ -149,7 +150,7 @@ func (a *attempt) logLine(res Result) {
 			attrs = append(attrs, "detail", res.Reason)
 		}
 	}
-	a.o.Log.Log(context.Background(), level, Event, attrs...)
+	a.o.Log.Log(ctx, level, Event, attrs...)
 }
 
 type attempt struct {
@@ -193,12 +194,16 @@ func (a *attempt) run(ctx context.Context) Result {
 	// The version warning does not depend on the snapshot being possible.
 	a.checkMemberVersions(ctx)
 
-	if st, err := os.Stat(root.Path(paths.Etcdctl)); errors.Is(err, os.ErrNotExist) {
-		return Result{Outcome: SkippedEtcdctlMissing, Reason: paths.Etcdctl + " is not in this image"}
-	} else if err != nil {
-		return failed("stat %s: %s", paths.Etcdctl, bare(err))
-	} else if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
-		return Result{Outcome: SkippedEtcdctlMissing, Reason: paths.Etcdctl + " is not an executable file"}
+	// Both bundled tools or nothing: a snapshot etcdutl cannot verify never
+	// counts, so it is not worth writing.
+	for _, tool := range []string{paths.Etcdctl, paths.Etcdutl} {
+		if st, err := os.Stat(root.Path(tool)); errors.Is(err, os.ErrNotExist) {
+			return Result{Outcome: SkippedEtcdctlMissing, Reason: tool + " is not in this image"}
+		} else if err != nil {
+			return failed("stat %s: %s", tool, bare(err))
+		} else if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+			return Result{Outcome: SkippedEtcdctlMissing, Reason: tool + " is not an executable file"}
+		}
 	}
 
 	v, res, ok := a.gateAndPrepare()
@@ -369,12 +374,12 @@ func (a *attempt) save(ctx context.Context, v cryptgate.Verdict, clusterID uint6
 		return failed("etcdctl snapshot save: %v", err)
 	}
 	t1 := time.Now()
-	st, err := verifyFile(ctx, a.o.FS, fullPart, v.Dev)
+	st, err := verifyFile(ctx, a.o.Runner, a.o.FS, fullPart, v.Dev)
 	if err != nil {
 		cleanup()
 		return failed("verify snapshot: %v", err)
 	}
-	if err := a.checkKeyCount(ctx, st.Revision, st.TotalKey); err != nil {
+	if err := a.checkKeyCount(ctx, st.Revision, st.Keys); err != nil {
 		cleanup()
 		return failed("verify snapshot: %v", err)
 	}
@@ -387,7 +392,7 @@ func (a *attempt) save(ctx context.Context, v cryptgate.Verdict, clusterID uint6
 		return failed("rename %s: %v", part, err)
 	}
 	syncDir(root.Path(paths.EtcdBackupDir))
-	res := Result{Outcome: Taken, Path: final, Revision: st.Revision, Keys: st.TotalKey, Hash: st.Hash,
+	res := Result{Outcome: Taken, Path: final, Revision: st.Revision, Keys: st.Keys, Hash: st.Hash,
 		SaveTook: t1.Sub(t0), VerifyTook: time.Since(t1)}
 	res.Pruned = a.prune(filepath.Base(final))
 	return res

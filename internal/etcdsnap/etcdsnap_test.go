@@ -3,11 +3,14 @@ package etcdsnap
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -48,12 +51,15 @@ func (s *syncBuf) String() string {
 }
 
 // recRunner records what reaches the runner and delegates to the real one.
+// before and after see every command (after only a successful one);
+// rewrite may change what a successful command printed.
 type recRunner struct {
-	mu     sync.Mutex
-	inner  runner.Runner
-	cmds   []runner.Cmd
-	before func(c runner.Cmd)
-	after  func(c runner.Cmd)
+	mu      sync.Mutex
+	inner   runner.Runner
+	cmds    []runner.Cmd
+	before  func(c runner.Cmd)
+	after   func(c runner.Cmd)
+	rewrite func(c runner.Cmd, res runner.Result) runner.Result
 }
 
 func (r *recRunner) Run(ctx context.Context, c runner.Cmd) (runner.Result, error) {
@@ -67,7 +73,37 @@ func (r *recRunner) Run(ctx context.Context, c runner.Cmd) (runner.Result, error
 	if r.after != nil && err == nil {
 		r.after(c)
 	}
+	if r.rewrite != nil && err == nil {
+		res = r.rewrite(c, res)
+	}
 	return res, err
+}
+
+// paths returns the binaries that ran, in order.
+func (r *recRunner) paths() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, c := range r.cmds {
+		out = append(out, c.Path)
+	}
+	return out
+}
+
+// afterSave runs fn on the file etcdctl just saved (the .part).
+func afterSave(t *testing.T, fn func(fh *os.File)) func(c runner.Cmd) {
+	return func(c runner.Cmd) {
+		if c.Path != paths.Etcdctl {
+			return
+		}
+		fh, err := os.OpenFile(c.Args[len(c.Args)-1], os.O_RDWR, 0)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer fh.Close()
+		fn(fh)
+	}
 }
 
 type fixture struct {
@@ -84,7 +120,7 @@ type fixture struct {
 // etcdctl bundled and an encrypted persistent partition.
 func newFixture(t *testing.T) *fixture {
 	f := &fixture{t: t, node: testutil.NewNode(t, "cp1"), log: &syncBuf{}, now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)}
-	etcdtest.BundleEtcdctl(t, f.node)
+	etcdtest.BundleEtcdTools(t, f.node)
 	f.fs = etcdtest.EncryptedPersistent(t, f.node)
 	f.etcd = etcdtest.Start(t, f.node, etcdtest.Config{})
 	f.run = &recRunner{inner: runner.Exec{Root: f.node.Root}}
@@ -195,9 +231,10 @@ func TestTakenVerifiedSealedAndRestorable(t *testing.T) {
 	if uid, gid, mode := ownerAndMode(t, f.node.Path(paths.EtcdBackupDir)); uid != 0 || gid != 0 || mode != 0o700 {
 		t.Fatalf("backup dir %d:%d %o, want 0:0 700", uid, gid, mode)
 	}
-	// Exactly the bundled etcdctl, through the runner, bounded, closed env.
-	if len(f.run.cmds) != 1 {
-		t.Fatalf("commands %v", f.run.cmds)
+	// Exactly the bundled etcdctl, then the bundled etcdutl, through the
+	// runner, bounded, closed env.
+	if got := f.run.paths(); !reflect.DeepEqual(got, []string{paths.Etcdctl, paths.Etcdutl}) {
+		t.Fatalf("commands %v", got)
 	}
 	c := f.run.cmds[0]
 	if c.Path != "/usr/bin/etcdctl" || len(c.Env) != 0 || c.Timeout <= 0 || c.Timeout > 60*time.Second {
@@ -208,6 +245,14 @@ func TestTakenVerifiedSealedAndRestorable(t *testing.T) {
 		if !strings.Contains(" "+strings.Join(c.Args, " ")+" ", " "+a+" ") {
 			t.Fatalf("etcdctl args %q lack %q", c.Args, a)
 		}
+	}
+	// etcdutl reads the very file descriptor the provider opened and checked.
+	u := f.run.cmds[1]
+	if u.String() != "/usr/bin/etcdutl snapshot status /proc/self/fd/0 -w json" || len(u.Env) != 0 || u.Timeout <= 0 || u.Timeout > 60*time.Second {
+		t.Fatalf("etcdutl command %+v", u)
+	}
+	if in, ok := u.Stdin.(*os.File); !ok || in.Name() != f.node.Path(want)+".part" {
+		t.Fatalf("etcdutl stdin %#v, want the opened .part file", u.Stdin)
 	}
 	restoreAndRead(t, f.node.Path(want), "/registry/secrets/default/s", 300, 200)
 }
@@ -280,8 +325,8 @@ func TestOncePerClusterAndMinorAcrossReboot(t *testing.T) {
 	if after.Ino != before.Ino || after.Mtim != before.Mtim || after.Size != before.Size {
 		t.Fatal("the first, clean snapshot was replaced")
 	}
-	if len(f.run.cmds) != 1 {
-		t.Fatalf("etcdctl ran again: %d commands", len(f.run.cmds))
+	if got := f.run.paths(); len(got) != 2 {
+		t.Fatalf("etcdctl or etcdutl ran again: %v", got)
 	}
 
 	// The next upgrade (next minor): a new snapshot, and only once it is
@@ -308,22 +353,16 @@ func TestCorruptSnapshotNeverCountsAndKeepsTheOlder(t *testing.T) {
 		t.Fatalf("%s %s", old.Outcome, old.Reason)
 	}
 	// etcdctl "succeeds" but the bytes on disk are damaged afterwards.
-	f.run.after = func(c runner.Cmd) {
-		p := c.Args[len(c.Args)-1]
-		fh, err := os.OpenFile(p, os.O_RDWR, 0)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer fh.Close()
+	f.run.after = afterSave(t, func(fh *os.File) {
 		if _, err := fh.WriteAt([]byte("corrupt!"), 8192); err != nil {
 			t.Error(err)
 		}
-	}
+	})
 	res := f.take(v1372)
 	if res.Outcome != Failed || !strings.Contains(res.Reason, "sha256") {
 		t.Fatalf("%s %q", res.Outcome, res.Reason)
 	}
+
 	f.oneLine(2, Failed, "reason=")
 	if got := f.snapshots(); len(got) != 1 || got[0] != filepath.Base(old.Path) {
 		t.Fatalf("backup dir %q: the older snapshot must stay and nothing partial remain", got)
@@ -332,6 +371,71 @@ func TestCorruptSnapshotNeverCountsAndKeepsTheOlder(t *testing.T) {
 	f.run.after = nil
 	if res := f.take(v1372); res.Outcome != Taken || res.Pruned != 1 {
 		t.Fatalf("retry: %+v", res)
+	}
+}
+
+// TestDamagedDatabaseRefusedByEtcdutl damages both bbolt meta pages and
+// recomputes the sha256 trailer, so only the real etcdutl can tell.
+func TestDamagedDatabaseRefusedByEtcdutl(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("writes root:root files: needs root (CI runs as root)")
+	}
+	f := newFixture(t)
+	f.etcd.PutKeys("/registry/a/", 20, 100)
+	f.run.after = afterSave(t, func(fh *os.File) {
+		fi, err := fh.Stat()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		body := make([]byte, fi.Size()-sha256.Size)
+		if _, err := fh.ReadAt(body, 0); err != nil {
+			t.Error(err)
+			return
+		}
+		// bbolt's two meta pages start at 0 and at the page size (4096 here);
+		// their magic is at offset 16 within the page (after the page header).
+		for _, off := range []int{16, 4096 + 16} {
+			copy(body[off:], "notbolt!")
+		}
+		sum := sha256.Sum256(body)
+		if _, err := fh.WriteAt(append(body, sum[:]...), 0); err != nil {
+			t.Error(err)
+		}
+	})
+	res := f.take(v1372)
+	if res.Outcome != Failed || !strings.Contains(res.Reason, "etcdutl snapshot status") {
+		t.Fatalf("%s %q", res.Outcome, res.Reason)
+	}
+	f.oneLine(1, Failed, "reason=")
+	if got := f.snapshots(); len(got) != 0 {
+		t.Fatalf("backup dir %q: nothing may remain of a snapshot etcdutl refused", got)
+	}
+	if got := f.run.paths(); !reflect.DeepEqual(got, []string{paths.Etcdctl, paths.Etcdutl}) {
+		t.Fatalf("commands %v", got)
+	}
+}
+
+// TestKeyCountFromEtcdutlIsCompared: etcdutl's key count must match what
+// etcd holds at the snapshot's revision.
+func TestKeyCountFromEtcdutlIsCompared(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("writes root:root files: needs root (CI runs as root)")
+	}
+	f := newFixture(t)
+	f.etcd.PutKeys("/registry/a/", 20, 100)
+	f.run.rewrite = func(c runner.Cmd, res runner.Result) runner.Result {
+		if c.Path == paths.Etcdutl {
+			res.Stdout = regexp.MustCompile(`"totalKey":20,`).ReplaceAll(res.Stdout, []byte(`"totalKey":19,`))
+		}
+		return res
+	}
+	res := f.take(v1372)
+	if res.Outcome != Failed || !strings.Contains(res.Reason, "holds 19 keys") || !strings.Contains(res.Reason, "etcd has 20") {
+		t.Fatalf("%s %q", res.Outcome, res.Reason)
+	}
+	if got := f.snapshots(); len(got) != 0 {
+		t.Fatalf("backup dir %q", got)
 	}
 }
 
@@ -384,10 +488,28 @@ func TestSkippedOutcomes(t *testing.T) {
 			t.Fatal("wrote or ran something")
 		}
 	})
+	t.Run("etcdutl missing", func(t *testing.T) {
+		node := testutil.NewNode(t, "cp1")
+		f := &fixture{t: t, node: node, log: &syncBuf{}, run: &recRunner{inner: &runner.Recorder{}}}
+		etcdtest.BundleEtcdTools(t, node)
+		if err := os.Remove(node.Path(paths.Etcdutl)); err != nil {
+			t.Fatal(err)
+		}
+		f.fs = etcdtest.EncryptedPersistent(t, node)
+		f.etcd = etcdtest.Start(t, node, etcdtest.Config{})
+		res := f.take(v1372)
+		if res.Outcome != SkippedEtcdctlMissing || !strings.Contains(res.Reason, paths.Etcdutl) {
+			t.Fatalf("%+v", res)
+		}
+		f.oneLine(1, SkippedEtcdctlMissing, "detail=")
+		if f.node.Exists(paths.EtcdBackupDir) || len(f.run.cmds) != 0 {
+			t.Fatal("wrote or ran something: a snapshot nobody can verify is not worth writing")
+		}
+	})
 	t.Run("encryption unconfirmed: the default install", func(t *testing.T) {
 		node := testutil.NewNode(t, "cp1")
 		f := &fixture{t: t, node: node, log: &syncBuf{}, run: &recRunner{inner: runner.Exec{Root: node.Root}}}
-		etcdtest.BundleEtcdctl(t, node)
+		etcdtest.BundleEtcdTools(t, node)
 		f.fs = etcdtest.PlainPersistent(t, node)
 		f.etcd = etcdtest.Start(t, node, etcdtest.Config{})
 		res := f.take(v1372)

@@ -22,7 +22,7 @@ const EtcdOnKubeadm136 = "v3.6.8"
 func binaryFixture(t *testing.T) *fixture {
 	f := &fixture{t: t, node: testutil.NewNode(t, "cp1"), log: &syncBuf{}, now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)}
 	bin := testbin.Etcd(t, EtcdOnKubeadm136)
-	etcdtest.BundleEtcdctl(t, f.node)
+	etcdtest.BundleEtcdTools(t, f.node)
 	f.fs = etcdtest.EncryptedPersistent(t, f.node)
 	f.etcd = etcdtest.StartBinary(t, f.node, bin, "registry.k8s.io/etcd:3.6.8-0")
 	f.run = &recRunner{inner: runner.Exec{Root: f.node.Root}}

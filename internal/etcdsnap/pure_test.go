@@ -87,3 +87,38 @@ func TestLagging(t *testing.T) {
 		}
 	}
 }
+
+func TestParseStatus(t *testing.T) {
+	const size = 1<<20 + 32
+	for _, tc := range []struct {
+		name, out string
+		want      snapshotStatus
+		err       string
+	}{
+		{"etcdutl 3.7", `{"hash":3735928559,"revision":42,"totalKey":17,"totalSize":1048576,"version":"3.6.0"}` + "\n",
+			snapshotStatus{Hash: 3735928559, Revision: 42, Keys: 17}, ""},
+		{"empty keyspace", `{"hash":1,"revision":0,"totalKey":0,"totalSize":20480,"version":""}`, snapshotStatus{Hash: 1}, ""},
+		{"no output", "", snapshotStatus{}, "unreadable output"},
+		{"a table, not json", "+------+\n| HASH |\n", snapshotStatus{}, "unreadable output"},
+		{"two statuses", `{"hash":1,"revision":1,"totalKey":1,"totalSize":1}{"hash":1,"revision":1,"totalKey":1,"totalSize":1}`, snapshotStatus{}, "more than one"},
+		{"no hash", `{"revision":1,"totalKey":1,"totalSize":1}`, snapshotStatus{}, "missing"},
+		{"no key count", `{"hash":1,"revision":1,"totalSize":1}`, snapshotStatus{}, "missing"},
+		{"negative revision", `{"hash":1,"revision":-1,"totalKey":0,"totalSize":1}`, snapshotStatus{}, "revision -1"},
+		{"keys without a revision", `{"hash":1,"revision":0,"totalKey":3,"totalSize":1}`, snapshotStatus{}, "revision 0 with 3 keys"},
+		{"database larger than the file", `{"hash":1,"revision":1,"totalKey":1,"totalSize":2097152}`, snapshotStatus{}, "in a 1048608-byte file"},
+		{"empty database", `{"hash":1,"revision":1,"totalKey":1,"totalSize":0}`, snapshotStatus{}, "database of 0 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseStatus([]byte(tc.out), size)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("got %+v %v, want %+v", got, err, tc.want)
+			}
+		})
+	}
+}

@@ -1,78 +1,122 @@
 package etcdsnap
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"time"
 
-	"go.etcd.io/etcd/etcdutl/v3/snapshot"
-	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/kairos-io/provider-kubernetes/internal/cryptgate"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
 )
+
+// dbStatus is what `etcdutl snapshot status -w json` prints (etcdutl's
+// snapshot.Status). Pointers tell a missing field from a zero one.
+type dbStatus struct {
+	Hash      *uint32 `json:"hash"`
+	Revision  *int64  `json:"revision"`
+	TotalKey  *int    `json:"totalKey"`
+	TotalSize *int64  `json:"totalSize"`
+	Version   string  `json:"version"`
+}
+
+// snapshotStatus is a verified snapshot's identity.
+type snapshotStatus struct {
+	Hash     uint32
+	Revision int64
+	Keys     int
+}
+
+// statusArg is the file etcdutl is told to read: its own standard input,
+// which is the descriptor verifyFile opened and checked, so the file
+// etcdutl reads is exactly that one (no second lookup by path).
+const statusArg = "/proc/self/fd/0"
 
 // verifyFile checks a snapshot etcdctl saved before it may count: a regular
 // file (not through a symlink) on the device the gate confirmed, a sha256
-// trailer matching its content (what etcdutl restore checks), and etcdutl's
-// snapshot status: bbolt's integrity check, the hash, revision and key
-// count, in that order. etcdutl's Status cannot be cancelled: on ctx's end
-// verifyFile returns and that read finishes alone.
-func verifyFile(ctx context.Context, fs cryptgate.FS, path string, dev cryptgate.Dev) (snapshot.Status, error) {
+// trailer matching its content (what etcdutl restore checks), and the
+// bundled etcdutl's snapshot status: bbolt's integrity check, the hash,
+// revision and key count. etcdutl runs as a child through the runner, so
+// the pages bbolt maps while it walks the database (the whole file) are
+// that short-lived process's, not the provider's, and the runner bounds it.
+// Both checks read the file through pread/mmap, never its offset, so they
+// share the one descriptor.
+func verifyFile(ctx context.Context, run runner.Runner, fs cryptgate.FS, path string, dev cryptgate.Dev) (snapshotStatus, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return snapshot.Status{}, fmt.Errorf("open: %w", err)
+		return snapshotStatus{}, fmt.Errorf("open: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return snapshot.Status{}, err
+		return snapshotStatus{}, err
 	}
 	if !fi.Mode().IsRegular() {
-		return snapshot.Status{}, errors.New("not a regular file")
+		return snapshotStatus{}, errors.New("not a regular file")
 	}
 	st, err := fs.Stat(path)
 	if err != nil {
-		return snapshot.Status{}, fmt.Errorf("stat: %w", err)
+		return snapshotStatus{}, fmt.Errorf("stat: %w", err)
 	}
 	if st.Dev != dev {
-		return snapshot.Status{}, fmt.Errorf("written to device %s, not the confirmed %s", st.Dev, dev)
+		return snapshotStatus{}, fmt.Errorf("written to device %s, not the confirmed %s", st.Dev, dev)
 	}
 	size := fi.Size()
 	if size%512 != sha256.Size {
-		return snapshot.Status{}, fmt.Errorf("no sha256 trailer (%d bytes)", size)
+		return snapshotStatus{}, fmt.Errorf("no sha256 trailer (%d bytes)", size)
 	}
 
-	// The trailer first: bbolt trusts the file it opens and can panic on a
-	// damaged one in a goroutine of its own, where no recover reaches.
-	if err := checkTrailer(ctx, f, size); err != nil {
-		return snapshot.Status{}, err
+	// The trailer and etcdutl at once, one core each: etcdutl is a child
+	// process, so a damaged file can at worst make it fail, and both must
+	// pass. A wrong trailer is the error reported first.
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return snapshotStatus{}, errors.New("etcdutl snapshot status: no deadline")
 	}
-	type statusResult struct {
-		st  snapshot.Status
-		err error
+	trailer := make(chan error, 1)
+	go func() { trailer <- checkTrailer(ctx, f, size) }()
+	out, err := run.Run(ctx, runner.Cmd{Path: paths.Etcdutl, Args: []string{"snapshot", "status", statusArg, "-w", "json"},
+		Timeout: time.Until(deadline), Stdin: f})
+	if terr := <-trailer; terr != nil {
+		return snapshotStatus{}, terr
 	}
-	sc := make(chan statusResult, 1)
-	go func() {
-		s, err := snapshot.NewV3(zap.NewNop()).Status(path)
-		sc <- statusResult{s, err}
-	}()
-	select {
-	case r := <-sc:
-		if r.err != nil {
-			return snapshot.Status{}, fmt.Errorf("etcdutl snapshot status: %w", r.err)
-		}
-		if r.st.Revision < 0 || r.st.TotalKey < 0 || r.st.Revision == 0 && r.st.TotalKey != 0 {
-			return snapshot.Status{}, fmt.Errorf("etcdutl snapshot status: revision %d with %d keys", r.st.Revision, r.st.TotalKey)
-		}
-		return r.st, nil
-	case <-ctx.Done():
-		return snapshot.Status{}, fmt.Errorf("etcdutl snapshot status: %w", ctx.Err())
+	if err != nil {
+		return snapshotStatus{}, err // names /usr/bin/etcdutl snapshot status and its last error line
 	}
+	return parseStatus(out.Stdout, size)
+}
+
+// parseStatus reads etcdutl's JSON and refuses anything that does not
+// describe a database that fits the file.
+func parseStatus(b []byte, fileSize int64) (snapshotStatus, error) {
+	var ds dbStatus
+	dec := json.NewDecoder(bytes.NewReader(bytes.TrimSpace(b)))
+	if err := dec.Decode(&ds); err != nil {
+		return snapshotStatus{}, fmt.Errorf("etcdutl snapshot status: unreadable output: %w", err)
+	}
+	if dec.More() {
+		return snapshotStatus{}, errors.New("etcdutl snapshot status: more than one status in its output")
+	}
+	if ds.Hash == nil || ds.Revision == nil || ds.TotalKey == nil || ds.TotalSize == nil {
+		return snapshotStatus{}, errors.New("etcdutl snapshot status: hash, revision, totalKey or totalSize missing")
+	}
+	rev, keys, total := *ds.Revision, *ds.TotalKey, *ds.TotalSize
+	if rev < 0 || keys < 0 || rev == 0 && keys != 0 {
+		return snapshotStatus{}, fmt.Errorf("etcdutl snapshot status: revision %d with %d keys", rev, keys)
+	}
+	if total <= 0 || total > fileSize {
+		return snapshotStatus{}, fmt.Errorf("etcdutl snapshot status: database of %d bytes in a %d-byte file", total, fileSize)
+	}
+	return snapshotStatus{Hash: *ds.Hash, Revision: rev, Keys: keys}, nil
 }
 
 // checkTrailer compares the sha256 of everything before the last 32 bytes

@@ -28,7 +28,9 @@ func TestHungEtcdNeverBlocksTheApply(t *testing.T) {
 	member := etcdtest.StartBinary(t, e.node, bin, "registry.k8s.io/etcd:3.6.8-0")
 	member.Pause()
 	t.Cleanup(member.Resume)
-	e.node.Write(paths.Etcdctl, "#!/bin/sh\nexit 0\n", 0o755) // present; never reached
+	for _, tool := range []string{paths.Etcdctl, paths.Etcdutl} {
+		e.node.Write(tool, "#!/bin/sh\nexit 0\n", 0o755) // present; never reached
+	}
 
 	log := slog.New(slog.NewTextHandler(e.logBuf, nil))
 	var took time.Duration

@@ -11,19 +11,24 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
 
-// EtcdctlVersion is the etcdctl the 1.37 image bundles (kubeadm 1.37 deploys etcd 3.7.0).
+// EtcdctlVersion is the etcdctl and etcdutl the 1.37 image bundles
+// (kubeadm 1.37 deploys etcd 3.7.0).
 const EtcdctlVersion = "v3.7.0"
 
-// BundleEtcdctl puts the real etcdctl (built from modules, cached) at the
-// node's /usr/bin/etcdctl.
-func BundleEtcdctl(t testing.TB, n *testutil.Node) {
+// BundleEtcdTools puts the real etcdctl and etcdutl (built from modules,
+// cached) at the node's /usr/bin, as the image bundles them.
+func BundleEtcdTools(t testing.TB, n *testutil.Node) {
 	t.Helper()
-	bin := testbin.Etcdctl(t, EtcdctlVersion)
 	if err := os.MkdirAll(n.Path("/usr/bin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(bin, n.Path(paths.Etcdctl)); err != nil {
-		t.Fatal(err)
+	for p, bin := range map[string]string{
+		paths.Etcdctl: testbin.Etcdctl(t, EtcdctlVersion),
+		paths.Etcdutl: testbin.Etcdutl(t, EtcdctlVersion),
+	} {
+		if err := os.Symlink(bin, n.Path(p)); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
