@@ -2,6 +2,7 @@ package etcdsnap
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -29,7 +31,8 @@ import (
 // `etcdctl snapshot save` of the same database, served by the real etcd
 // 3.6.8 binary (what a 1.36 control plane runs before the 1.37 apply). The
 // step runs in a child process (this test binary, TestBenchStepChild) so
-// its peak RSS is the provider's alone. Database size: ETCDSNAP_BENCH_MB
+// its peak RSS is the provider's alone (etcdctl and etcdutl, its children,
+// are reported apart). Database size: ETCDSNAP_BENCH_MB
 // (default 1024). Targets: step/bare <= 1.3, provider peak RSS <= 64 MiB.
 //
 //	go test -run '^$' -bench BenchmarkSnapshotStep -benchtime 3x ./internal/etcdsnap/
@@ -46,7 +49,7 @@ func BenchmarkSnapshotStep(b *testing.B) {
 	}
 	bin := testbin.Etcd(b, EtcdOnKubeadm136)
 	n := testutil.NewNode(b, "cp1")
-	etcdtest.BundleEtcdctl(b, n)
+	etcdtest.BundleEtcdTools(b, n)
 	etcdtest.EncryptedPersistent(b, n)
 	e := etcdtest.StartBinary(b, n, bin, "registry.k8s.io/etcd:3.6.8-0", "--quota-backend-bytes=8589934592")
 	start := time.Now()
@@ -69,47 +72,55 @@ func BenchmarkSnapshotStep(b *testing.B) {
 
 	etcdctl := testbin.Etcdctl(b, etcdtest.EtcdctlVersion)
 	var bareSum, stepSum time.Duration
-	var peakRSS, peakAnon, bareRSS int64
+	var peakRSS, peakAnon, peakTools, bareRSS int64
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		var step time.Duration
-		var rss, anon int64
+		var step stepRun
 		if i%2 == 1 { // alternate which runs first
-			step, rss, anon = runStepChild(b, n, version.Version{Major: 1, Minor: 37 + i, Patch: 0})
+			step = runStepChild(b, n, version.Version{Major: 1, Minor: 37 + i, Patch: 0})
 		}
 		// The bare command an operator would run, same flags, same disk.
 		out := filepath.Join(b.TempDir(), "bare.db")
 		cmd := exec.Command(etcdctl, "--endpoints="+e.ClientURL, "--cacert="+n.Path(etcdtest.CACert),
 			"--cert="+n.Path(etcdtest.HCCert), "--key="+n.Path(etcdtest.HCKey), "--dial-timeout=10s", "--command-timeout=5m",
 			"snapshot", "save", out)
+		var o bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &o, &o
 		t0 := time.Now()
-		if o, err := cmd.CombinedOutput(); err != nil {
-			b.Fatalf("bare etcdctl: %v\n%s", err, o)
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
 		}
+		stop := pollHWM(cmd.Process.Pid)
+		err := cmd.Wait()
 		bare := time.Since(t0)
-		bareRSS = max(bareRSS, cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss<<10)
+		if err != nil {
+			b.Fatalf("bare etcdctl: %v\n%s", err, o.String())
+		}
+		bareRSS = max(bareRSS, stop())
 		os.Remove(out)
 
 		if i%2 == 0 {
-			step, rss, anon = runStepChild(b, n, version.Version{Major: 1, Minor: 37 + i, Patch: 0})
+			step = runStepChild(b, n, version.Version{Major: 1, Minor: 37 + i, Patch: 0})
 		}
 		bareSum += bare
-		stepSum += step
-		peakRSS, peakAnon = max(peakRSS, rss), max(peakAnon, anon)
-		b.Logf("run %d: bare etcdctl %s, provider step %s (ratio %.2f), provider peak RSS %d MiB (anonymous %d MiB)",
-			i+1, bare.Round(time.Millisecond), step.Round(time.Millisecond), step.Seconds()/bare.Seconds(), rss>>20, anon>>20)
+		stepSum += step.took
+		peakRSS, peakAnon, peakTools = max(peakRSS, step.rss), max(peakAnon, step.anon), max(peakTools, step.toolsRSS)
+		b.Logf("run %d: bare etcdctl %s, provider step %s (ratio %.2f), provider peak RSS %d MiB (anonymous %d MiB), etcdctl/etcdutl peak RSS %d MiB",
+			i+1, bare.Round(time.Millisecond), step.took.Round(time.Millisecond), step.took.Seconds()/bare.Seconds(),
+			step.rss>>20, step.anon>>20, step.toolsRSS>>20)
 	}
 	b.StopTimer()
 	b.ReportMetric(stepSum.Seconds()/bareSum.Seconds(), "step/bare")
 	b.ReportMetric(float64(peakRSS)/(1<<20), "provider-peak-RSS-MiB")
 	b.ReportMetric(float64(peakAnon)/(1<<20), "provider-peak-anon-MiB")
+	b.ReportMetric(float64(peakTools)/(1<<20), "step-tools-peak-RSS-MiB")
 	b.ReportMetric(float64(bareRSS)/(1<<20), "etcdctl-peak-RSS-MiB")
 	b.ReportMetric(float64(dbSize)/(1<<20), "db-MiB")
 }
 
 // runStepChild runs one Take in a child process and returns its duration
-// (as the child measured it), its peak RSS and its sampled peak anonymous RSS.
-func runStepChild(b *testing.B, n *testutil.Node, target version.Version) (time.Duration, int64, int64) {
+// and peak RSS (as the child measured them) and its sampled peak anonymous RSS.
+func runStepChild(b *testing.B, n *testutil.Node, target version.Version) stepRun {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestBenchStepChild$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), "ETCDSNAP_BENCH_CHILD="+n.Root, "ETCDSNAP_BENCH_TARGET="+target.String())
 	stdout, err := cmd.StdoutPipe()
@@ -129,12 +140,13 @@ func runStepChild(b *testing.B, n *testutil.Node, target version.Version) (time.
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
-			if a := rssAnon(cmd.Process.Pid); a > peakAnon {
+			if a := procStatus(cmd.Process.Pid, "RssAnon:"); a > peakAnon {
 				peakAnon = a
 			}
 		}
 	}()
 	var took time.Duration
+	var rss, toolsRSS int64
 	var lines []string
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
@@ -145,27 +157,62 @@ func runStepChild(b *testing.B, n *testutil.Node, target version.Version) (time.
 			if len(f) < 2 || f[0] != string(Taken) {
 				b.Errorf("step: %s", rest)
 			}
-			if len(f) >= 2 {
+			if len(f) >= 4 {
 				took, _ = time.ParseDuration(f[1])
+				rss, _ = strconv.ParseInt(strings.TrimPrefix(f[2], "rss="), 10, 64)
+				toolsRSS, _ = strconv.ParseInt(strings.TrimPrefix(f[3], "tools-rss="), 10, 64)
 				b.Logf("step: %s", rest)
 			}
 		}
 	}
 	err = cmd.Wait()
 	close(done)
-	if err != nil || took == 0 {
+	if err != nil || took == 0 || rss == 0 {
 		b.Fatalf("step child: %v\n%s", err, strings.Join(lines, "\n"))
 	}
-	return took, cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss << 10, peakAnon
+	return stepRun{took: took, rss: rss, anon: peakAnon, toolsRSS: toolsRSS}
 }
 
-func rssAnon(pid int) int64 {
+// stepRun is one provider step as its child measured it.
+type stepRun struct {
+	took                time.Duration
+	rss, anon, toolsRSS int64 // the provider's peak RSS and sampled anonymous peak; the largest etcdctl/etcdutl
+}
+
+// pollHWM samples a process's VmHWM (its own peak, monotone) every 20 ms;
+// stop returns the last sample taken while it ran.
+func pollHWM(pid int) (stop func() int64) {
+	var last atomic.Int64
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for {
+			if v := procStatus(pid, "VmHWM:"); v > last.Load() {
+				last.Store(v)
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	return func() int64 {
+		close(done)
+		<-finished
+		return last.Load()
+	}
+}
+
+// procStatus reads one "kB" field of /proc/PID/status in bytes (0 when gone).
+func procStatus(pid int, field string) int64 {
 	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for _, l := range strings.Split(string(s), "\n") {
-		if v, ok := strings.CutPrefix(l, "RssAnon:"); ok {
+		if v, ok := strings.CutPrefix(l, field); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			return kb << 10
 		}
@@ -185,7 +232,18 @@ func TestBenchStepChild(t *testing.T) {
 		FS: etcdtest.PersistFS{Prefix: r.Path("/usr/local"), Dev: cryptgate.Dev{Major: 254, Minor: 0}}}
 	start := time.Now()
 	res := Take(context.Background(), o, target)
-	fmt.Printf("BENCH-RESULT %s %s save=%s verify=%s\n", res.Outcome, time.Since(start), res.SaveTook, res.VerifyTook)
+	took := time.Since(start)
+	// VmHWM is this process's own peak. ru_maxrss is not: Linux carries the
+	// high-water mark of the image a process replaced at exec, and Go's
+	// vfork-style exec shares the parent's memory until then, so every child
+	// starts with its parent's peak. RUSAGE_CHILDREN is the largest of the
+	// etcdctl and etcdutl this process ran (an upper bound, for the same reason).
+	var children syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &children); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("BENCH-RESULT %s %s rss=%d tools-rss=%d save=%s verify=%s\n", res.Outcome, took, procStatus(os.Getpid(), "VmHWM:"),
+		children.Maxrss<<10, res.SaveTook, res.VerifyTook)
 	if res.Outcome != Taken {
 		t.Fatalf("%+v", res)
 	}
