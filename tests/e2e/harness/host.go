@@ -74,9 +74,8 @@ func findTool(name string) string {
 	return ""
 }
 
-// EnvE2E selects which end-to-end tests run: unset or "smoke" runs the
-// node smoke test (make test), "full" also runs the kubeadm scenarios,
-// "off" runs none.
+// EnvE2E set to "off" skips every end-to-end test; otherwise they run
+// wherever nodes can (make test runs them as root).
 const EnvE2E = "PROVIDER_KUBERNETES_E2E"
 
 // Require skips t unless nodes can run here (and not in -short mode). Under
@@ -96,14 +95,4 @@ func Require(t testing.TB) {
 		}
 		t.Skipf("%v", err)
 	}
-}
-
-// RequireFull is Require plus PROVIDER_KUBERNETES_E2E=full: the gate of the
-// heavy kubeadm scenarios (tens of minutes and several GiB of builds cold).
-func RequireFull(t testing.TB) {
-	t.Helper()
-	if os.Getenv(EnvE2E) != "full" {
-		t.Skip("kubeadm end-to-end scenario: set " + EnvE2E + "=full (make e2e)")
-	}
-	Require(t)
 }
