@@ -18,8 +18,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/etcdutl/v3/snapshot"
-	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/kairos-io/provider-kubernetes/internal/cryptgate"
@@ -257,8 +255,9 @@ func TestTakenVerifiedSealedAndRestorable(t *testing.T) {
 	restoreAndRead(t, f.node.Path(want), "/registry/secrets/default/s", 300, 200)
 }
 
-// restoreAndRead restores a snapshot with etcdutl's library into a fresh
-// data dir, starts etcd on it and reads the keys back.
+// restoreAndRead restores a snapshot the way upgrades.md tells an operator
+// to, with the bundled etcdutl binary (which checks the sha256 trailer),
+// into a fresh data dir, starts etcd on it and reads the keys back.
 func restoreAndRead(t *testing.T, snap, prefix string, n, size int) {
 	t.Helper()
 	node := testutil.NewNode(t, "restored")
@@ -266,19 +265,20 @@ func restoreAndRead(t *testing.T, snap, prefix string, n, size int) {
 	peerPort := etcdtest.FreePort(t)
 	peer := fmt.Sprintf("https://127.0.0.1:%d", peerPort)
 	dataDir := filepath.Join(t.TempDir(), "data")
-	err := snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
-		SnapshotPath: snap, Name: node.Name, OutputDataDir: dataDir, PeerURLs: []string{peer},
-		InitialCluster: node.Name + "=" + peer, InitialClusterToken: "restored-from-provider-snapshot",
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, testbin.Etcdutl(t, etcdtest.EtcdctlVersion), "snapshot", "restore", snap,
+		"--name", node.Name, "--data-dir", dataDir, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", node.Name+"="+peer, "--initial-cluster-token", "restored-from-provider-snapshot").CombinedOutput()
 	if err != nil {
-		t.Fatalf("etcdutl restore: %v", err)
+		t.Fatalf("etcdutl snapshot restore: %v\n%s", err, out)
 	}
 	e := etcdtest.Start(t, node, etcdtest.Config{DataDir: dataDir, PeerPort: peerPort})
 	c := e.Client()
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := c.Get(ctx, prefix, clientv3.WithPrefix())
+	gctx, gcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer gcancel()
+	resp, err := c.Get(gctx, prefix, clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)
 	}
