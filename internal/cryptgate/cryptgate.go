@@ -59,6 +59,8 @@ type Mount struct {
 	MountPoint string
 	FSType     string
 	Source     string
+	// SuperOptions are the per-superblock options ("rw,memory"), as written.
+	SuperOptions string
 }
 
 // ParseMountinfo parses /proc/PID/mountinfo (proc(5)).
@@ -92,6 +94,9 @@ func ParseMountinfo(b []byte) ([]Mount, error) {
 			Root: unescape(f[3]), MountPoint: unescape(f[4]),
 			FSType: f[sep+1], Source: unescape(f[sep+2]),
 		})
+		if sep+3 < len(f) {
+			out[len(out)-1].SuperOptions = f[sep+3]
+		}
 	}
 	if len(out) == 0 {
 		return nil, errors.New("mountinfo is empty")

@@ -230,8 +230,8 @@ func TestParseMountinfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Mount{
-		{ID: 36, Parent: 35, Dev: Dev{98, 0}, Root: "/mnt1", MountPoint: "/mnt/with space", FSType: "ext3", Source: "/dev/root"},
-		{ID: 40, Parent: 21, Dev: Dev{254, 0}, Root: "/", MountPoint: "/usr/local", FSType: "ext4", Source: "/dev/mapper/luks-persistent"},
+		{ID: 36, Parent: 35, Dev: Dev{98, 0}, Root: "/mnt1", MountPoint: "/mnt/with space", FSType: "ext3", Source: "/dev/root", SuperOptions: "rw,errors=continue"},
+		{ID: 40, Parent: 21, Dev: Dev{254, 0}, Root: "/", MountPoint: "/usr/local", FSType: "ext4", Source: "/dev/mapper/luks-persistent", SuperOptions: "rw"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %+v\nwant %+v", got, want)

@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/kairos-io/provider-kubernetes/internal/cryptgate"
 )
 
 // hierarchy is one mounted cgroup hierarchy and this process's place in it.
@@ -55,21 +57,14 @@ func parseHierarchies(mountinfo, selfCgroup string) ([]hierarchy, error) {
 		}
 		v1 = append(v1, own{names: strings.Split(parts[1], ","), path: parts[2]})
 	}
-	seen := map[string]bool{}
+	mounts, err := cryptgate.ParseMountinfo([]byte(mountinfo))
+	if err != nil {
+		return nil, err
+	}
+	seen := map[cryptgate.Dev]bool{}
 	var out []hierarchy
-	for _, line := range strings.Split(mountinfo, "\n") {
-		fields := strings.Fields(line)
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 5 || len(fields) < sep+4 {
-			continue
-		}
-		fstype, mnt, root, dev := fields[sep+1], unescapeMount(fields[4]), fields[3], fields[2]
+	for _, m := range mounts {
+		fstype, mnt, root, dev := m.FSType, m.MountPoint, m.Root, m.Dev
 		if fstype != "cgroup" && fstype != "cgroup2" {
 			continue
 		}
@@ -105,7 +100,7 @@ func parseHierarchies(mountinfo, selfCgroup string) ([]hierarchy, error) {
 			continue
 		}
 		opts := map[string]bool{}
-		for _, o := range strings.Split(fields[sep+3], ",") {
+		for _, o := range strings.Split(m.SuperOptions, ",") {
 			opts[o] = true
 		}
 		for _, o := range v1 {
@@ -133,25 +128,6 @@ func parseHierarchies(mountinfo, selfCgroup string) ([]hierarchy, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Mount < out[j].Mount })
 	return out, nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 func hostHierarchies() ([]hierarchy, error) {
