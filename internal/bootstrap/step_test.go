@@ -1,7 +1,6 @@
 package bootstrap
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,29 +23,12 @@ import (
 	"github.com/kairos-io/provider-kubernetes/pkg/plan"
 )
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type stepEnv struct {
 	t     *testing.T
 	node  *testutil.Node
 	rec   *runner.Recorder
 	clock *testutil.Clock
-	log   *syncBuf
+	log   *testutil.SyncBuffer
 	step  *Step
 	// seen is what the recorded kubeadm found at its --config path when it ran.
 	seen struct {
@@ -58,7 +39,7 @@ type stepEnv struct {
 }
 
 func newStepEnv(t *testing.T, role, host, extraKeys, docs string) *stepEnv {
-	e := &stepEnv{t: t, node: testutil.NewNode(t, "n1"), clock: testutil.NewClock(), log: &syncBuf{}}
+	e := &stepEnv{t: t, node: testutil.NewNode(t, "n1"), clock: testutil.NewClock(), log: &testutil.SyncBuffer{}}
 	e.node.Write(paths.ClusterFile, "cluster_token: "+clusterToken+"\ncontrol_plane_host: \""+host+"\"\nrole: "+role+"\n"+extraKeys+
 		"config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n"+docs, 0o600)
 	e.node.Bundle("v1.37.2")

@@ -1,7 +1,6 @@
 package etcdsnap
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -30,23 +29,6 @@ import (
 )
 
 var v1372 = version.MustParse("v1.37.2")
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // recRunner records what reaches the runner and delegates to the real one.
 // before and after see every command (after only a successful one);
@@ -110,14 +92,14 @@ type fixture struct {
 	etcd *etcdtest.Etcd
 	fs   cryptgate.FS
 	run  *recRunner
-	log  *syncBuf
+	log  *testutil.SyncBuffer
 	now  time.Time
 }
 
 // newFixture: a control plane with stacked etcd (embedded, TLS), the real
 // etcdctl bundled and an encrypted persistent partition.
 func newFixture(t *testing.T) *fixture {
-	f := &fixture{t: t, node: testutil.NewNode(t, "cp1"), log: &syncBuf{}, now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)}
+	f := &fixture{t: t, node: testutil.NewNode(t, "cp1"), log: &testutil.SyncBuffer{}, now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)}
 	etcdtest.BundleEtcdTools(t, f.node)
 	f.fs = etcdtest.EncryptedPersistent(t, f.node)
 	f.etcd = etcdtest.Start(t, f.node, etcdtest.Config{})
@@ -311,7 +293,7 @@ func TestOncePerClusterAndMinorAcrossReboot(t *testing.T) {
 	// the provider starts from scratch (fresh options, fresh log, later clock).
 	f.etcd.PutKeys("/registry/b/", 50, 100) // partially upgraded data
 	f.etcd.Restart()
-	f.log = &syncBuf{}
+	f.log = &testutil.SyncBuffer{}
 	f.now = f.now.Add(7 * time.Minute)
 	again := f.take(version.MustParse("v1.37.0")) // same minor, any patch
 	if again.Outcome != SkippedAlreadyTaken || again.Path != first.Path {
@@ -463,7 +445,7 @@ func TestAnotherClusterGetsItsOwnSnapshot(t *testing.T) {
 
 func TestSkippedOutcomes(t *testing.T) {
 	t.Run("external etcd", func(t *testing.T) {
-		f := &fixture{t: t, node: testutil.NewNode(t, "cp1"), log: &syncBuf{}, run: &recRunner{inner: &runner.Recorder{}}}
+		f := &fixture{t: t, node: testutil.NewNode(t, "cp1"), log: &testutil.SyncBuffer{}, run: &recRunner{inner: &runner.Recorder{}}}
 		f.fs = etcdtest.EncryptedPersistent(t, f.node)
 		res := f.take(v1372)
 		if res.Outcome != SkippedExternalEtcd {
@@ -476,7 +458,7 @@ func TestSkippedOutcomes(t *testing.T) {
 	})
 	t.Run("etcdctl missing", func(t *testing.T) {
 		node := testutil.NewNode(t, "cp1")
-		f := &fixture{t: t, node: node, log: &syncBuf{}, run: &recRunner{inner: &runner.Recorder{}}}
+		f := &fixture{t: t, node: node, log: &testutil.SyncBuffer{}, run: &recRunner{inner: &runner.Recorder{}}}
 		f.fs = etcdtest.EncryptedPersistent(t, node)
 		f.etcd = etcdtest.Start(t, node, etcdtest.Config{})
 		res := f.take(v1372)
@@ -490,7 +472,7 @@ func TestSkippedOutcomes(t *testing.T) {
 	})
 	t.Run("etcdutl missing", func(t *testing.T) {
 		node := testutil.NewNode(t, "cp1")
-		f := &fixture{t: t, node: node, log: &syncBuf{}, run: &recRunner{inner: &runner.Recorder{}}}
+		f := &fixture{t: t, node: node, log: &testutil.SyncBuffer{}, run: &recRunner{inner: &runner.Recorder{}}}
 		etcdtest.BundleEtcdTools(t, node)
 		if err := os.Remove(node.Path(paths.Etcdutl)); err != nil {
 			t.Fatal(err)
@@ -508,7 +490,7 @@ func TestSkippedOutcomes(t *testing.T) {
 	})
 	t.Run("encryption unconfirmed: the default install", func(t *testing.T) {
 		node := testutil.NewNode(t, "cp1")
-		f := &fixture{t: t, node: node, log: &syncBuf{}, run: &recRunner{inner: runner.Exec{Root: node.Root}}}
+		f := &fixture{t: t, node: node, log: &testutil.SyncBuffer{}, run: &recRunner{inner: runner.Exec{Root: node.Root}}}
 		etcdtest.BundleEtcdTools(t, node)
 		f.fs = etcdtest.PlainPersistent(t, node)
 		f.etcd = etcdtest.Start(t, node, etcdtest.Config{})

@@ -20,7 +20,7 @@ const EtcdOnKubeadm136 = "v3.6.8"
 
 // binaryFixture runs the real etcd 3.6.8 binary as the node's member.
 func binaryFixture(t *testing.T) *fixture {
-	f := &fixture{t: t, node: testutil.NewNode(t, "cp1"), log: &syncBuf{}, now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)}
+	f := &fixture{t: t, node: testutil.NewNode(t, "cp1"), log: &testutil.SyncBuffer{}, now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)}
 	bin := testbin.Etcd(t, EtcdOnKubeadm136)
 	etcdtest.BundleEtcdTools(t, f.node)
 	f.fs = etcdtest.EncryptedPersistent(t, f.node)
@@ -49,7 +49,7 @@ func TestVersionWarningBeforeEtcd37(t *testing.T) {
 	f.oneLine(1, Taken)
 
 	// Before an upgrade to 1.36 (etcd stays on 3.6) there is nothing to warn about.
-	f.log = &syncBuf{}
+	f.log = &testutil.SyncBuffer{}
 	res = f.take(version.MustParse("v1.36.3"))
 	if len(res.Warnings) != 0 || strings.Contains(f.log.String(), EventVersionWarning) {
 		t.Fatalf("1.36 target warned: %q\n%s", res.Warnings, f.log.String())

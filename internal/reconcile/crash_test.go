@@ -88,7 +88,7 @@ func crashRun(t *testing.T, e *env, cp crashPoint, snaps *snapshots) []string {
 // the image's, and it registers its version.
 func reboot(e *env) *env {
 	e.api.SetNode("n1", e.bundled, true)
-	e2 := &env{t: e.t, node: e.node, api: e.api, clock: e.clock, logBuf: &syncBuffer{}, cp: e.cp, bundled: e.bundled}
+	e2 := &env{t: e.t, node: e.node, api: e.api, clock: e.clock, logBuf: &testutil.SyncBuffer{}, cp: e.cp, bundled: e.bundled}
 	e2.rec = &runner.Recorder{Reply: e2.reply}
 	return e2
 }

@@ -1,14 +1,12 @@
 package reconcile
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"os"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,7 +29,7 @@ type env struct {
 	api     *testutil.API
 	rec     *runner.Recorder
 	clock   *testutil.Clock
-	logBuf  *syncBuffer
+	logBuf  *testutil.SyncBuffer
 	cp      bool
 	bundled string
 	// fail makes the command line with this prefix fail.
@@ -42,27 +40,10 @@ type env struct {
 	realEtcd bool
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // newEnv: a member node at nodeV in a cluster at clusterV, booted into an
 // image bundling bundled, with pin in its cluster file.
 func newEnv(t *testing.T, role, pin, bundled, nodeV, clusterV string, extraConfig string) *env {
-	e := &env{t: t, node: testutil.NewNode(t, "n1"), clock: testutil.NewClock(), logBuf: &syncBuffer{}, bundled: bundled}
+	e := &env{t: t, node: testutil.NewNode(t, "n1"), clock: testutil.NewClock(), logBuf: &testutil.SyncBuffer{}, bundled: bundled}
 	e.api = testutil.NewAPI(t, clusterV)
 	e.node.ClusterFile(role, pin, extraConfig)
 	if bundled != "" {
@@ -316,7 +297,7 @@ func TestWorkerUpgradesAndRecordsItsVersion(t *testing.T) {
 		t.Fatalf("status %+v", st)
 	}
 	// The next boot is converged and runs nothing.
-	e2 := &env{t: t, node: e.node, api: e.api, rec: &runner.Recorder{}, clock: e.clock, logBuf: &syncBuffer{}}
+	e2 := &env{t: t, node: e.node, api: e.api, rec: &runner.Recorder{}, clock: e.clock, logBuf: &testutil.SyncBuffer{}}
 	if res := e2.run(Steps{}); res.ExitCode != ExitOK || len(e2.lines()) != 0 {
 		t.Fatalf("second boot exit %d lines %q", res.ExitCode, e2.lines())
 	}
