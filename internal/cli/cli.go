@@ -185,15 +185,12 @@ func parse(fs *flag.FlagSet, args []string) (int, bool) {
 		fmt.Fprintf(fs.Output(), "unexpected arguments: %v\n", fs.Args())
 		return reconcile.ExitUsage, false
 	}
-	return 0, true
-}
-
-func checkRoot(root string, stderr io.Writer) bool {
-	if !filepath.IsAbs(root) {
-		fmt.Fprintf(stderr, "--root must be an absolute path, got %q\n", root)
-		return false
+	// Every command with --root re-bases host paths under it: never relative.
+	if f := fs.Lookup("root"); f != nil && !filepath.IsAbs(f.Value.String()) {
+		fmt.Fprintf(fs.Output(), "--root must be an absolute path, got %q\n", f.Value.String())
+		return reconcile.ExitUsage, false
 	}
-	return true
+	return 0, true
 }
 
 func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -202,9 +199,6 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	clusterFile := fs.String("cluster-file", paths.ClusterFile, "cluster file (host path under --root)")
 	if code, ok := parse(fs, args); !ok {
 		return code
-	}
-	if !checkRoot(*root, stderr) {
-		return reconcile.ExitUsage
 	}
 	r := paths.Root(*root)
 	log, logFile, err := reconcileLogger(r, stderr)
@@ -313,9 +307,6 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
-	if !checkRoot(*root, stderr) {
-		return reconcile.ExitUsage
-	}
 	if *out != "text" && *out != "json" {
 		fmt.Fprintf(stderr, "-o must be text or json, got %q\n", *out)
 		return reconcile.ExitUsage
@@ -408,9 +399,6 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
-	if !checkRoot(*root, stderr) {
-		return reconcile.ExitUsage
-	}
 	if *out != "text" && *out != "yaml" && *out != "json" {
 		fmt.Fprintf(stderr, "-o must be text, yaml or json, got %q\n", *out)
 		return reconcile.ExitUsage
@@ -437,9 +425,6 @@ func cmdJoinConfig(ctx context.Context, args []string, stdout, stderr io.Writer)
 	ttl := fs.Duration("ttl", clusterconfig.DefaultTokenTTL, "the bootstrap token's lifetime (at most "+clusterconfig.MaxTokenTTL.String()+")")
 	if code, ok := parse(fs, args); !ok {
 		return code
-	}
-	if !checkRoot(*root, stderr) {
-		return reconcile.ExitUsage
 	}
 	if *role != clusterconfig.RoleWorker && *role != clusterconfig.RoleControlPlane {
 		fmt.Fprintf(stderr, "--role must be worker or controlplane, got %q\n", *role)
@@ -468,9 +453,6 @@ func cmdReset(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	yes := fs.Bool("yes", false, "confirm: this removes the node's Kubernetes state")
 	if code, ok := parse(fs, args); !ok {
 		return code
-	}
-	if !checkRoot(*root, stderr) {
-		return reconcile.ExitUsage
 	}
 	if !*yes {
 		fmt.Fprintf(stderr, "reset removes this node's Kubernetes state (kubeadm reset -f; %s emptied): run it with --yes\n", strings.Join(reset.Emptied, ", "))

@@ -155,3 +155,19 @@ func TestLogIsNotFollowedThroughASymlink(t *testing.T) {
 		t.Fatal("wrote through the symlink")
 	}
 }
+
+// Every command that takes --root refuses a relative one before it reads
+// or writes anything (paths are re-based under it).
+func TestEveryRootedCommandRefusesARelativeRoot(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, cmd := range []string{"reconcile", "plan", "status", "join-config", "reset", "migrate-units", "import-images", "etcd-snapshot", "prune-kubeadm-backups"} {
+		code, out, errOut := run(cmd, "--root", "relative")
+		if code != reconcile.ExitUsage || out != "" || !strings.Contains(errOut, `--root must be an absolute path, got "relative"`) {
+			t.Errorf("%s --root relative: exit %d, stdout %q, stderr %q", cmd, code, out, errOut)
+		}
+		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+			t.Fatalf("%s wrote %v under the working directory", cmd, ents)
+		}
+	}
+}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/internal/imageimport"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
-	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/unitmigrate"
 	"github.com/kairos-io/provider-kubernetes/system"
@@ -24,9 +23,6 @@ func cmdMigrateUnits(ctx context.Context, args []string, stdout, stderr io.Write
 	root := fs.String("root", "/", "host root; systemd is reloaded only when it is /")
 	if code, ok := parse(fs, args); !ok {
 		return code
-	}
-	if !checkRoot(*root, stderr) {
-		return reconcile.ExitUsage
 	}
 	var rl unitmigrate.Reloader
 	if paths.Root(*root).Path("/") == "/" {
@@ -45,9 +41,6 @@ func cmdImportImages(ctx context.Context, args []string, stdout, stderr io.Write
 	address := fs.String("address", paths.ContainerdSocket, "containerd's socket")
 	if code, ok := parse(fs, args); !ok {
 		return code
-	}
-	if !checkRoot(*root, stderr) {
-		return reconcile.ExitUsage
 	}
 	res := imageimport.Run(ctx, imageimport.Options{
 		Root: paths.Root(*root), Runner: runner.Exec{Root: *root}, Address: *address,

@@ -38,9 +38,6 @@ func cmdEtcdSnapshot(ctx context.Context, args []string, stdout, stderr io.Write
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
-	if !checkRoot(*root, stderr) {
-		return reconcile.ExitUsage
-	}
 	tv, err := version.Parse(*target)
 	if err != nil {
 		fmt.Fprintf(stderr, "--target: %v\n", err)
@@ -69,9 +66,6 @@ func cmdPruneKubeadmBackups(ctx context.Context, args []string, stdout, stderr i
 	keep := fs.Int("keep", 1, "how many of the newest copies to keep")
 	if code, ok := parse(fs, args); !ok {
 		return code
-	}
-	if !checkRoot(*root, stderr) {
-		return reconcile.ExitUsage
 	}
 	if *keep < 0 {
 		fmt.Fprintf(stderr, "--keep must be 0 or more, got %d\n", *keep)
