@@ -3,7 +3,6 @@ package imagetree
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,43 +55,26 @@ func VerifyUnits(ctx context.Context, tree, baseUnits string) error {
 
 // linkTree recreates src's directories and symlinks in dst and hard-links
 // its files (copies them across filesystems).
-func linkTree(src, dst string) error {
+func linkTree(src, dst string) error { return layTree(src, dst, false) }
+
+// addMissing lays base's entries (files, symlinks, .wants/.d directories)
+// into dst where dst has none of that name.
+func addMissing(base, dst string) error { return layTree(base, dst, true) }
+
+// layTree walks src once: directories are created, symlinks recreated,
+// regular files hard-linked or, across filesystems, copied with their mode.
+// With keep, an entry dst already has is left as it is.
+func layTree(src, dst string, keep bool) error {
 	return filepath.Walk(src, func(p string, fi os.FileInfo, err error) error {
 		if err != nil {
 			return err
 		}
 		rel, _ := filepath.Rel(src, p)
 		t := filepath.Join(dst, rel)
-		switch {
-		case fi.IsDir():
-			return os.MkdirAll(t, 0o755)
-		case fi.Mode()&os.ModeSymlink != 0:
-			l, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			return os.Symlink(l, t)
-		default:
-			if err := os.Link(p, t); err == nil {
+		if keep {
+			if _, err := os.Lstat(t); err == nil {
 				return nil
 			}
-			_, err := copyFile(p, t, fi.Mode().Perm())
-			return err
-		}
-	})
-}
-
-// addMissing copies the entries of base (files, symlinks, .wants/.d
-// directories) into dst where dst has none of that name.
-func addMissing(base, dst string) error {
-	return filepath.Walk(base, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(base, p)
-		t := filepath.Join(dst, rel)
-		if _, err := os.Lstat(t); err == nil {
-			return nil
 		}
 		switch {
 		case fi.IsDir():
@@ -104,20 +86,11 @@ func addMissing(base, dst string) error {
 			}
 			return os.Symlink(l, t)
 		case fi.Mode().IsRegular():
-			in, err := os.Open(p)
-			if err != nil {
-				return err
+			if err := os.Link(p, t); err == nil {
+				return nil
 			}
-			defer in.Close()
-			out, err := os.OpenFile(t, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-			if err != nil {
-				return err
-			}
-			if _, err := io.Copy(out, in); err != nil {
-				out.Close()
-				return err
-			}
-			return out.Close()
+			_, err := copyFile(p, t, fi.Mode().Perm())
+			return err
 		}
 		return nil
 	})
