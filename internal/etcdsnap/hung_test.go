@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
@@ -119,5 +120,44 @@ func TestEtcdHangingDuringTheSnapshot(t *testing.T) {
 	l := f.oneLine(1, Failed, "reason=")
 	if strings.Contains(l, "--key") || strings.Contains(l, "--cacert") || strings.Contains(l, "snapshot save /") {
 		t.Fatalf("the reason carries the command line: %s", l)
+	}
+}
+
+// An etcdutl that never answers: the runner kills it at what is left of the
+// attempt's bound, the .part goes, nothing counts and a later attempt can
+// still take the snapshot.
+func TestHungEtcdutlFailsWithinTheBound(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("writes root:root files: needs root (CI runs as root)")
+	}
+	f := newFixture(t)
+	f.etcd.PutKeys("/registry/x/", 100, 1000)
+	if err := os.Remove(f.node.Path(paths.Etcdutl)); err != nil {
+		t.Fatal(err)
+	}
+	f.node.Write(paths.Etcdutl, "#!/bin/sh\nexec sleep 600\n", 0o755)
+	o := f.opts()
+	o.Total = 8 * time.Second
+	start := time.Now()
+	res := Take(t.Context(), o, v1372)
+	took := time.Since(start)
+	if res.Outcome != Failed || !strings.Contains(res.Reason, "etcdutl snapshot status") || !strings.Contains(res.Reason, "killed at its time budget") {
+		t.Fatalf("%+v\n%s", res, f.log.String())
+	}
+	if took > o.Total+5*time.Second {
+		t.Fatalf("took %s with a %s bound", took, o.Total)
+	}
+	if got := f.snapshots(); len(got) != 0 {
+		t.Fatalf("left %q behind", got)
+	}
+	f.oneLine(1, Failed, "reason=")
+
+	// The bundled etcdutl back: the next attempt takes it.
+	os.Remove(f.node.Path(paths.Etcdutl))
+	if err := os.Symlink(testbin.Etcdutl(t, etcdtest.EtcdctlVersion), f.node.Path(paths.Etcdutl)); err != nil {
+		t.Fatal(err)
+	}
+	if res := f.take(v1372); res.Outcome != Taken {
+		t.Fatalf("after etcdutl came back: %+v", res)
 	}
 }
