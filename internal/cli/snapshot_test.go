@@ -33,9 +33,7 @@ func snapshotLines(s string) []string {
 }
 
 func TestEtcdSnapshotCommandTakesOnceAndLogs(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("writes root:root files: needs root (CI runs as root)")
-	}
+	testutil.RequireRoot(t)
 	n := testutil.NewNode(t, "cp1")
 	etcdtest.BundleEtcdTools(t, n)
 	withGate(t, etcdtest.EncryptedPersistent(t, n))

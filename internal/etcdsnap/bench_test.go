@@ -40,9 +40,7 @@ import (
 // (the testing package also runs it once with N=1 first: the database is
 // built for each invocation, ~15 s)
 func BenchmarkSnapshotStep(b *testing.B) {
-	if os.Getuid() != 0 {
-		b.Skip("writes root:root files: needs root")
-	}
+	testutil.RequireRoot(b)
 	mb := 1024
 	if s := os.Getenv("ETCDSNAP_BENCH_MB"); s != "" {
 		mb, _ = strconv.Atoi(s)

@@ -181,9 +181,7 @@ func ownerAndMode(t testing.TB, p string) (uid, gid uint32, mode os.FileMode) {
 }
 
 func TestTakenVerifiedSealedAndRestorable(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("writes root:root files: needs root (CI runs as root)")
-	}
+	testutil.RequireRoot(t)
 	f := newFixture(t)
 	f.etcd.PutKeys("/registry/secrets/default/s", 300, 200)
 	t.Setenv("ETCDCTL_ENDPOINTS", "https://127.0.0.1:1") // inherited, it would point etcdctl nowhere
@@ -275,9 +273,7 @@ func restoreAndRead(t *testing.T, snap, prefix string, n, size int) {
 }
 
 func TestOncePerClusterAndMinorAcrossReboot(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("writes root:root files: needs root (CI runs as root)")
-	}
+	testutil.RequireRoot(t)
 	f := newFixture(t)
 	f.etcd.PutKeys("/registry/a/", 50, 100)
 	first := f.take(v1372)
@@ -325,9 +321,7 @@ func TestOncePerClusterAndMinorAcrossReboot(t *testing.T) {
 }
 
 func TestCorruptSnapshotNeverCountsAndKeepsTheOlder(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("writes root:root files: needs root (CI runs as root)")
-	}
+	testutil.RequireRoot(t)
 	f := newFixture(t)
 	f.etcd.PutKeys("/registry/a/", 20, 100)
 	old := f.take(version.MustParse("v1.36.3"))
@@ -359,9 +353,7 @@ func TestCorruptSnapshotNeverCountsAndKeepsTheOlder(t *testing.T) {
 // TestDamagedDatabaseRefusedByEtcdutl damages both bbolt meta pages and
 // recomputes the sha256 trailer, so only the real etcdutl can tell.
 func TestDamagedDatabaseRefusedByEtcdutl(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("writes root:root files: needs root (CI runs as root)")
-	}
+	testutil.RequireRoot(t)
 	f := newFixture(t)
 	f.etcd.PutKeys("/registry/a/", 20, 100)
 	f.run.after = afterSave(t, func(fh *os.File) {
@@ -401,9 +393,7 @@ func TestDamagedDatabaseRefusedByEtcdutl(t *testing.T) {
 // TestKeyCountFromEtcdutlIsCompared: etcdutl's key count must match what
 // etcd holds at the snapshot's revision.
 func TestKeyCountFromEtcdutlIsCompared(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("writes root:root files: needs root (CI runs as root)")
-	}
+	testutil.RequireRoot(t)
 	f := newFixture(t)
 	f.etcd.PutKeys("/registry/a/", 20, 100)
 	f.run.rewrite = func(c runner.Cmd, res runner.Result) runner.Result {
@@ -422,9 +412,7 @@ func TestKeyCountFromEtcdutlIsCompared(t *testing.T) {
 }
 
 func TestAnotherClusterGetsItsOwnSnapshot(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("writes root:root files: needs root (CI runs as root)")
-	}
+	testutil.RequireRoot(t)
 	f := newFixture(t)
 	first := f.take(v1372)
 	if first.Outcome != Taken {
@@ -556,9 +544,7 @@ func TestInsufficientSpace(t *testing.T) {
 }
 
 func TestConcurrentAttemptsSerialise(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("writes root:root files: needs root (CI runs as root)")
-	}
+	testutil.RequireRoot(t)
 	f := newFixture(t)
 	started := make(chan struct{})
 	release := make(chan struct{})

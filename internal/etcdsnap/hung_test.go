@@ -31,9 +31,7 @@ func binaryFixture(t *testing.T) *fixture {
 }
 
 func TestVersionWarningBeforeEtcd37(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("writes root:root files: needs root (CI runs as root)")
-	}
+	testutil.RequireRoot(t)
 	f := binaryFixture(t)
 	res := f.take(version.MustParse("v1.37.2"))
 	// A warning, not a refusal: the snapshot is still taken.
@@ -58,9 +56,7 @@ func TestVersionWarningBeforeEtcd37(t *testing.T) {
 }
 
 func TestVersionWarningNotForCurrentMembers(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("writes root:root files: needs root (CI runs as root)")
-	}
+	testutil.RequireRoot(t)
 	f := newFixture(t) // embedded etcd 3.7.x
 	res := f.take(version.MustParse("v1.37.2"))
 	if res.Outcome != Taken || len(res.Warnings) != 0 || strings.Contains(f.log.String(), EventVersionWarning) {
@@ -127,9 +123,7 @@ func TestEtcdHangingDuringTheSnapshot(t *testing.T) {
 // attempt's bound, the .part goes, nothing counts and a later attempt can
 // still take the snapshot.
 func TestHungEtcdutlFailsWithinTheBound(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("writes root:root files: needs root (CI runs as root)")
-	}
+	testutil.RequireRoot(t)
 	f := newFixture(t)
 	f.etcd.PutKeys("/registry/x/", 100, 1000)
 	if err := os.Remove(f.node.Path(paths.Etcdutl)); err != nil {
