@@ -1,18 +1,19 @@
 package main
 
 import (
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
 
 func build(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "pause")
-	out, err := exec.Command("go", "build", "-ldflags", "-X main.version=3.10.2", "-o", bin, ".").CombinedOutput()
+	out, err := testutil.Command(t, 5*time.Minute, "go", "build", "-ldflags", "-X main.version=3.10.2", "-o", bin, ".").CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
@@ -20,14 +21,14 @@ func build(t *testing.T) string {
 }
 
 func TestPauseAnswersVersion(t *testing.T) {
-	out, err := exec.Command(build(t), "-v").Output()
+	out, err := testutil.Command(t, 30*time.Second, build(t), "-v").Output()
 	if err != nil || strings.TrimSpace(string(out)) != "pause.go version 3.10.2" {
 		t.Fatalf("%q %v", out, err)
 	}
 }
 
 func TestPauseWaitsForTERM(t *testing.T) {
-	cmd := exec.Command(build(t))
+	cmd := testutil.Command(t, time.Minute, build(t))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

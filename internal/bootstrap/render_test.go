@@ -15,6 +15,7 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 )
 
@@ -275,7 +276,7 @@ func TestRealKubeadmRejectsAnUnpinnedJoin(t *testing.T) {
 	if err := os.WriteFile(f, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(kubeadm, "config", "validate", "--config", f).CombinedOutput()
+	out, err := testutil.Command(t, time.Minute, kubeadm, "config", "validate", "--config", f).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "caCertHashes") {
 		t.Fatalf("kubeadm accepted an unpinned join: %s", out)
 	}

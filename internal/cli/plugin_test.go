@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	pluggable "github.com/mudler/go-pluggable"
 	yip "github.com/mudler/yip/pkg/schema"
@@ -20,6 +20,7 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/plugin"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 )
 
@@ -72,7 +73,7 @@ type pluginRun struct {
 func execPlugin(t *testing.T, root, argv0, event string, ev pluggable.Event) pluginRun {
 	t.Helper()
 	in, _ := json.Marshal(ev)
-	cmd := exec.Command(os.Args[0], event)
+	cmd := testutil.Command(t, 2*time.Minute, os.Args[0], event)
 	cmd.Args[0] = argv0
 	cmd.Env = append(os.Environ(), pluginRootEnv+"="+root)
 	cmd.Stdin = bytes.NewReader(in)

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -79,7 +78,7 @@ func BenchmarkSnapshotStep(b *testing.B) {
 		}
 		// The bare command an operator would run, same flags, same disk.
 		out := filepath.Join(b.TempDir(), "bare.db")
-		cmd := exec.Command(etcdctl, "--endpoints="+e.ClientURL, "--cacert="+n.Path(etcdtest.CACert),
+		cmd := testutil.Command(b, 10*time.Minute, etcdctl, "--endpoints="+e.ClientURL, "--cacert="+n.Path(etcdtest.CACert),
 			"--cert="+n.Path(etcdtest.HCCert), "--key="+n.Path(etcdtest.HCKey), "--dial-timeout=10s", "--command-timeout=5m",
 			"snapshot", "save", out)
 		var o bytes.Buffer
@@ -119,7 +118,7 @@ func BenchmarkSnapshotStep(b *testing.B) {
 // runStepChild runs one Take in a child process and returns its duration
 // and peak RSS (as the child measured them) and its sampled peak anonymous RSS.
 func runStepChild(b *testing.B, n *testutil.Node, target version.Version) stepRun {
-	cmd := exec.Command(os.Args[0], "-test.run=^TestBenchStepChild$", "-test.v", "-test.count=1")
+	cmd := testutil.Command(b, 10*time.Minute, os.Args[0], "-test.run=^TestBenchStepChild$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), "ETCDSNAP_BENCH_CHILD="+n.Root, "ETCDSNAP_BENCH_TARGET="+target.String())
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

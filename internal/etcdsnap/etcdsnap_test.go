@@ -515,7 +515,7 @@ func TestInsufficientSpace(t *testing.T) {
 			t.Skip("needs root for a private mount namespace (CI runs as root)")
 		}
 		testbin.Etcdctl(t, etcdtest.EtcdctlVersion) // build outside the child's budget
-		cmd := exec.Command(os.Args[0], "-test.run=^TestInsufficientSpace$", "-test.v", "-test.count=1")
+		cmd := testutil.Command(t, 10*time.Minute, os.Args[0], "-test.run=^TestInsufficientSpace$", "-test.v", "-test.count=1")
 		cmd.Env = append(os.Environ(), "ETCDSNAP_IN_MOUNTNS=1")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
 		out, err := cmd.CombinedOutput()

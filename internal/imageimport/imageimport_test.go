@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kairos-io/provider-kubernetes/internal/imagelock"
 	"github.com/kairos-io/provider-kubernetes/internal/oci"
@@ -81,7 +82,7 @@ func mustLook(t *testing.T, name string) string {
 
 func listed(t *testing.T, address string) map[string]string {
 	t.Helper()
-	out, err := exec.Command("ctr", "--address", address, "-n", "k8s.io", "images", "ls").Output()
+	out, err := testutil.Command(t, time.Minute, "ctr", "--address", address, "-n", "k8s.io", "images", "ls").Output()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package imagetree
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -77,7 +78,7 @@ func TestProviderWindowMatchesVersionsYAML(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(bin, "version").Output()
+	out, err := testutil.Command(t, 30*time.Second, bin, "version").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +286,7 @@ func checkLock(t *testing.T, dir string, e images.MinorEntry) {
 		t.Fatalf("lock file %v, want %v", refs, want)
 	}
 	// Exactly what the tree's kubeadm deploys.
-	out, err := exec.Command(hostPath(dir, paths.Kubeadm), "config", "images", "list", "--kubernetes-version", e.Kubernetes).Output()
+	out, err := testutil.Command(t, time.Minute, hostPath(dir, paths.Kubeadm), "config", "images", "list", "--kubernetes-version", e.Kubernetes).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +369,7 @@ func checkImages(t *testing.T, dir string, e images.MinorEntry) {
 		if err := oci.Extract(p, c.bin, bin); err != nil {
 			t.Fatal(err)
 		}
-		out, err := exec.Command(bin, c.args...).CombinedOutput()
+		out, err := testutil.Command(t, 30*time.Second, bin, c.args...).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), c.want) {
 			t.Errorf("%s %v: %q (%v), want %q", c.bin, c.args, firstLine(out), err, c.want)
 		}
@@ -379,11 +380,11 @@ func checkImages(t *testing.T, dir string, e images.MinorEntry) {
 		return
 	}
 	root := t.TempDir()
-	if err := unpack(file[refs[Proxy]], root); err != nil {
+	if err := unpack(t, file[refs[Proxy]], root); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range []string{"iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore"} {
-		out, err := exec.Command("chroot", root, "/usr/sbin/"+n, "--version").CombinedOutput()
+		out, err := testutil.Command(t, 30*time.Second, "chroot", root, "/usr/sbin/"+n, "--version").CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "nf_tables") {
 			t.Errorf("%s in the kube-proxy image: %q %v", n, out, err)
 		}
@@ -405,7 +406,7 @@ func checkImport(t *testing.T, dir string, e images.MinorEntry) {
 		t.Fatalf("%+v\n%s", res, log.String())
 	}
 	t.Logf("%s", strings.TrimSpace(log.String()))
-	out, err := exec.Command(ctr, "--address", address, "-n", "k8s.io", "images", "ls", "-q").Output()
+	out, err := testutil.Command(t, time.Minute, ctr, "--address", address, "-n", "k8s.io", "images", "ls", "-q").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +428,7 @@ func firstLine(b []byte) string {
 }
 
 // unpack extracts an image's single layer with Debian's tar.
-func unpack(tarball, root string) error {
+func unpack(t testing.TB, tarball, root string) error {
 	info, err := oci.Inspect(tarball)
 	if err != nil {
 		return err
@@ -437,11 +438,11 @@ func unpack(tarball, root string) error {
 		return err
 	}
 	layer := "blobs/sha256/" + strings.TrimPrefix(info.Layers[0], "sha256:")
-	if out, err := exec.Command("tar", "-C", filepath.Dir(blobs), "-xf", tarball, layer).CombinedOutput(); err != nil {
-		return &exec.Error{Name: string(out), Err: err}
+	if out, err := testutil.Command(t, 2*time.Minute, "tar", "-C", filepath.Dir(blobs), "-xf", tarball, layer).CombinedOutput(); err != nil {
+		return fmt.Errorf("tar: %w: %s", err, out)
 	}
-	if out, err := exec.Command("tar", "-C", root, "-xf", filepath.Join(filepath.Dir(blobs), layer)).CombinedOutput(); err != nil {
-		return &exec.Error{Name: string(out), Err: err}
+	if out, err := testutil.Command(t, 2*time.Minute, "tar", "-C", root, "-xf", filepath.Join(filepath.Dir(blobs), layer)).CombinedOutput(); err != nil {
+		return fmt.Errorf("tar: %w: %s", err, out)
 	}
 	return nil
 }

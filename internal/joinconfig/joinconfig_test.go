@@ -301,7 +301,7 @@ func TestRealKubeadmUploadsCertsUnderThePrintedKey(t *testing.T) {
 	if err := os.WriteFile(f, r.Config, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(kubeadm, "config", "validate", "--config", f).CombinedOutput(); err != nil {
+	if out, err := testutil.Command(t, time.Minute, kubeadm, "config", "validate", "--config", f).CombinedOutput(); err != nil {
 		t.Fatalf("kubeadm config validate: %v %s", err, out)
 	}
 }

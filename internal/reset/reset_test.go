@@ -6,19 +6,20 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
 
 // sandbox is a node root (base/root) planted with what a control plane
@@ -304,7 +305,7 @@ func TestResetOnRealMountsInAPrivateMountNamespace(t *testing.T) {
 	for _, scenario := range []string{"clean", "busy"} {
 		t.Run(scenario, func(t *testing.T) {
 			base := t.TempDir()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestResetOnRealMountsInAPrivateMountNamespace$", "-test.v", "-test.count=1")
+			cmd := testutil.Command(t, 10*time.Minute, os.Args[0], "-test.run=^TestResetOnRealMountsInAPrivateMountNamespace$", "-test.v", "-test.count=1")
 			cmd.Env = append(os.Environ(), nsChildEnv+"="+base, "RESET_NS_SCENARIO="+scenario)
 			cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS} // Go also makes / rprivate in the child
 			out, err := cmd.CombinedOutput()

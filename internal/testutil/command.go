@@ -1,0 +1,20 @@
+package testutil
+
+import (
+	"context"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+// Command is exec.Command bounded for a test: the process is killed after
+// limit or when the test ends, whichever comes first, so a hung command
+// fails its test instead of holding the whole binary until go test's -timeout.
+func Command(t testing.TB, limit time.Duration, name string, args ...string) *exec.Cmd {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), limit)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
