@@ -514,7 +514,8 @@ func TestInsufficientSpace(t *testing.T) {
 		if os.Getuid() != 0 {
 			t.Skip("needs root for a private mount namespace (CI runs as root)")
 		}
-		testbin.Etcdctl(t, etcdtest.EtcdctlVersion) // build outside the child's budget
+		testbin.Etcdctl(t, etcdtest.EtcdctlVersion) // build both tools outside the child's budget
+		testbin.Etcdutl(t, etcdtest.EtcdctlVersion)
 		cmd := testutil.Command(t, 10*time.Minute, os.Args[0], "-test.run=^TestInsufficientSpace$", "-test.v", "-test.count=1")
 		cmd.Env = append(os.Environ(), "ETCDSNAP_IN_MOUNTNS=1")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
