@@ -458,29 +458,58 @@ func Inspect(tarball string) (Info, error) {
 		return info, fmt.Errorf("%d layers, want 1", len(info.Layers))
 	}
 	info.Files = map[string]*tar.Header{}
-	err = withLayer(tarball, info.Layers[0], func(tr *tar.Reader) error {
-		for {
-			h, err := tr.Next()
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			info.Files[path.Clean(h.Name)] = h
-		}
+	err = eachInLayer(tarball, info.Layers[0], func(h *tar.Header, _ io.Reader) error {
+		info.Files[path.Clean(h.Name)] = h
+		return nil
 	})
 	return info, err
 }
 
-// Extract copies the regular file at inImage from the tarball's single layer to dst (mode 0755).
+// Extract copies the regular file at inImage from the tarball's single
+// layer to dst (mode 0755). dst appears only once the whole layer matched
+// its digest: the copy goes to dst.part first and is removed otherwise.
 func Extract(tarball, inImage, dst string) error {
 	info, err := Inspect(tarball)
 	if err != nil {
 		return err
 	}
+	part := dst + ".part"
+	_ = os.Remove(part)
+	defer os.Remove(part) // gone after the rename; left only on failure
+	want := path.Clean(strings.TrimPrefix(inImage, "/"))
 	found := false
-	err = withLayer(tarball, info.Layers[0], func(tr *tar.Reader) error {
+	err = eachInLayer(tarball, info.Layers[0], func(h *tar.Header, r io.Reader) error {
+		if found || path.Clean(h.Name) != want || h.Typeflag != tar.TypeReg {
+			return nil
+		}
+		out, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(out, r); err != nil {
+			out.Close()
+			return err
+		}
+		found = true
+		return out.Close()
+	})
+	if err != nil {
+		return err
+	}
+	if !found {
+		return fmt.Errorf("%s: no regular file %s", tarball, inImage)
+	}
+	if err := os.Chmod(part, 0o755); err != nil { // exact mode whatever the umask
+		return err
+	}
+	return os.Rename(part, dst)
+}
+
+// eachInLayer calls fn for every entry of the layer blob with the given
+// digest, then checks the blob's digest: what fn did counts only when
+// eachInLayer returns nil.
+func eachInLayer(tarball, layerDigest string, fn func(h *tar.Header, r io.Reader) error) error {
+	return withLayer(tarball, layerDigest, func(tr *tar.Reader) error {
 		for {
 			h, err := tr.Next()
 			if errors.Is(err, io.EOF) {
@@ -489,25 +518,11 @@ func Extract(tarball, inImage, dst string) error {
 			if err != nil {
 				return err
 			}
-			if path.Clean(h.Name) != path.Clean(strings.TrimPrefix(inImage, "/")) || h.Typeflag != tar.TypeReg {
-				continue
-			}
-			out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
-			if err != nil {
+			if err := fn(h, tr); err != nil {
 				return err
 			}
-			if _, err := io.Copy(out, tr); err != nil {
-				out.Close()
-				return err
-			}
-			found = true
-			return out.Close()
 		}
 	})
-	if err == nil && !found {
-		err = fmt.Errorf("%s: no regular file %s", tarball, inImage)
-	}
-	return err
 }
 
 // withLayer runs fn over the layer blob with the given digest, checking the digest.

@@ -3,8 +3,10 @@ package oci
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -72,6 +74,38 @@ func TestWriteInspectExtract(t *testing.T) {
 	ents, _ := os.ReadDir(dir)
 	if len(ents) != 3 {
 		t.Fatalf("left behind: %v", ents)
+	}
+}
+
+// A layer whose bytes no longer match its digest: Extract refuses and
+// leaves neither the file nor its .part behind.
+func TestExtractRefusesATamperedLayer(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "etcd.tar")
+	if _, err := WriteFile(p, testImage(t)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The layer is stored uncompressed: same length, valid tars, other bytes.
+	if bytes.Count(b, []byte("#!/bin/true\nbinary")) != 1 {
+		t.Fatal("the file's content is not where the test expects it")
+	}
+	b = bytes.Replace(b, []byte("#!/bin/true\nbinary"), []byte("#!/bin/true\nBINARY"), 1)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "etcd-out")
+	err = Extract(p, "/usr/local/bin/etcd", out)
+	if err == nil || !strings.Contains(err.Error(), "layer digest") {
+		t.Fatalf("Extract of a tampered layer: %v", err)
+	}
+	for _, f := range []string{out, out + ".part"} {
+		if _, err := os.Lstat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left behind: %v", f, err)
+		}
 	}
 }
 
