@@ -87,7 +87,7 @@ func BenchmarkSnapshotStep(b *testing.B) {
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
 		}
-		stop := pollHWM(cmd.Process.Pid)
+		stop := pollPeak(cmd.Process.Pid, "VmHWM:")
 		err := cmd.Wait()
 		bare := time.Since(t0)
 		if err != nil {
@@ -128,20 +128,7 @@ func runStepChild(b *testing.B, n *testutil.Node, target version.Version) stepRu
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	var peakAnon int64
-	done := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			if a := procStatus(cmd.Process.Pid, "RssAnon:"); a > peakAnon {
-				peakAnon = a
-			}
-		}
-	}()
+	stopAnon := pollPeak(cmd.Process.Pid, "RssAnon:")
 	var took time.Duration
 	var rss, toolsRSS int64
 	var lines []string
@@ -162,8 +149,8 @@ func runStepChild(b *testing.B, n *testutil.Node, target version.Version) stepRu
 			}
 		}
 	}
+	peakAnon := stopAnon() // before Wait reaps the child and its /proc entry goes
 	err = cmd.Wait()
-	close(done)
 	if err != nil || took == 0 || rss == 0 {
 		b.Fatalf("step child: %v\n%s", err, strings.Join(lines, "\n"))
 	}
@@ -176,16 +163,17 @@ type stepRun struct {
 	rss, anon, toolsRSS int64 // the provider's peak RSS and sampled anonymous peak; the largest etcdctl/etcdutl
 }
 
-// pollHWM samples a process's VmHWM (its own peak, monotone) every 20 ms;
-// stop returns the last sample taken while it ran.
-func pollHWM(pid int) (stop func() int64) {
+// pollPeak samples one field of a process's /proc status every 20 ms
+// (VmHWM: its own peak; RssAnon: its anonymous memory); stop returns the
+// largest sample taken while it ran.
+func pollPeak(pid int, field string) (stop func() int64) {
 	var last atomic.Int64
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
 		for {
-			if v := procStatus(pid, "VmHWM:"); v > last.Load() {
+			if v := procStatus(pid, field); v > last.Load() {
 				last.Store(v)
 			}
 			select {
