@@ -51,10 +51,7 @@ func WriteFileAtomic(path string, data []byte, mode os.FileMode) (err error) {
 	if err = os.Rename(part, path); err != nil {
 		return fmt.Errorf("rename %s: %w", part, err)
 	}
-	if d, derr := os.Open(dir); derr == nil {
-		_ = d.Sync()
-		_ = d.Close()
-	}
+	syncDir(dir)
 	got, err := ReadFileNoFollow(path, int64(len(data))+1)
 	if err != nil {
 		return fmt.Errorf("verify %s: %w", path, err)
@@ -69,20 +66,17 @@ func WriteFileAtomic(path string, data []byte, mode os.FileMode) (err error) {
 var ErrTooLarge = errors.New("file too large")
 
 // ReadFileNoFollow reads at most limit bytes of a regular file, refusing a
-// symlink in the last component.
+// symlink in the last component and, without blocking, anything but a
+// regular file (a FIFO, socket, device or directory: ErrNotRegular).
 func ReadFileNoFollow(path string, limit int64) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	f, err := OpenRegular(path)
 	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+		return nil, err
 	}
-	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file", path)
 	}
 	if st.Size() > limit {
 		return nil, fmt.Errorf("%s: %w (%d bytes, limit %d)", path, ErrTooLarge, st.Size(), limit)
@@ -97,21 +91,9 @@ func ReadFileNoFollow(path string, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// MkdirAllMode creates dir (and parents) and sets dir's mode exactly,
-// refusing when dir exists as a symlink or a non-directory.
+// MkdirAllMode is EnsureDir for a caller that has nothing to report about
+// an untrusted directory moved aside.
 func MkdirAllMode(dir string, mode os.FileMode) error {
-	if err := os.MkdirAll(dir, mode); err != nil {
-		return err
-	}
-	st, err := os.Lstat(dir)
-	if err != nil {
-		return err
-	}
-	if !st.IsDir() {
-		return fmt.Errorf("%s: not a directory", dir)
-	}
-	if st.Mode().Perm() != mode.Perm() {
-		return os.Chmod(dir, mode.Perm())
-	}
-	return nil
+	_, err := EnsureDir(dir, mode)
+	return err
 }
