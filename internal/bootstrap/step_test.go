@@ -207,7 +207,7 @@ func TestControlPlaneJoinGivesUpAtItsBudget(t *testing.T) {
 	api := testutil.NewAPI(t, "v1.37.2")
 	api.SetNotReady(true)
 	pin := pinOf(t, api.CAPEM())
-	e := newStepEnv(t, "controlplane", api.Addr(), "providerConfig:\n  budgets:\n    controlPlaneReady: 30s\n",
+	e := newStepEnv(t, "controlplane", api.Addr(), "providerConfig:\n  budget.controlPlaneReady: 30s\n",
 		"  joinConfiguration:\n    discovery:\n      bootstrapToken:\n        caCertHashes: ["+pin+"]\n")
 	start := e.clock.Now()
 	err := e.step.Bootstrap(context.Background(), plan.ActionJoin, e.obs())

@@ -15,7 +15,7 @@ import (
 
 	pluggable "github.com/mudler/go-pluggable"
 	yip "github.com/mudler/yip/pkg/schema"
-	"github.com/twpayne/go-vfs"
+	"github.com/twpayne/go-vfs/v5"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
@@ -57,8 +57,7 @@ const goodCluster = `cluster:
       nodeRegistration:
         name: cp1
   providerConfig:
-    budgets:
-      verify: 6m
+    budget.verify: 6m
 `
 
 type pluginRun struct {
@@ -154,7 +153,7 @@ func checkYip(t *testing.T, root string, wantSection *clusterconfig.Cluster) {
 		t.Fatal(err)
 	}
 	if got.ClusterToken != wantSection.ClusterToken || got.Role != wantSection.Role || got.Config != wantSection.Config ||
-		got.ControlPlaneHost != wantSection.ControlPlaneHost || string(got.ProviderConfig) != string(wantSection.ProviderConfig) {
+		got.ControlPlaneHost != wantSection.ControlPlaneHost || fmt.Sprint(got.ProviderConfig) != fmt.Sprint(wantSection.ProviderConfig) {
 		t.Fatalf("cluster file %+v\nwant %+v", got, wantSection)
 	}
 	if _, err := got.Validate(); err != nil {
@@ -271,10 +270,15 @@ func TestPluginBootRejectsBadSections(t *testing.T) {
 		{"short token", section("cluster_token: abc123", host, "role: init", cfg), "cluster_token is too short"},
 		{"map instead of string for config", section(tok, host, "role: init", "config:\n    clusterConfiguration:\n      kubernetesVersion: v1.37.2"),
 			"config must be a YAML string holding the kubeadm documents by key"},
-		{"unknown role", section(tok, host, "role: master", cfg), `role "master" is not init, controlplane or worker`},
-		{"endpoint without a host", section(tok, `control_plane_host: ":6443"`, "role: worker", cfg), `control_plane_host: ":6443" has no host`},
+		{"unknown role", section(tok, host, "role: master", cfg), "role is not init, controlplane or worker"},
+		{"endpoint without a host", section(tok, `control_plane_host: ":6443"`, "role: worker", cfg), "control_plane_host: no host"},
 		{"invalid YAML in config", section(tok, host, "role: init", "config: |\n    clusterConfiguration:\n      kubernetesVersion: v1.37.2\n     certificateKey: ["+pluginKey), "config: "},
 		{"cluster not a map", "cluster: [a, b]\n", "cluster: must be a map"},
+		{"nested providerConfig (not Kairos's schema)", section(tok, host, "role: init", cfg, "providerConfig:\n    budgets:\n      verify: 6m"),
+			"providerConfig is a flat map of strings (Kairos's schema); the value of budgets is not a string"},
+		{"unknown providerConfig key", section(tok, host, "role: init", cfg, "providerConfig:\n    budget.verfy: 6m"), "providerConfig has an unknown key, budget.verfy"},
+		{"bad budget value", section(tok, host, "role: init", cfg, "providerConfig:\n    budget.verify: "+pluginToken), "providerConfig budget.verify is not a positive Go duration"},
+		{"snapshot budget above two minutes", section(tok, host, "role: init", cfg, "providerConfig:\n    budget.etcdSnapshot: 5m"), "may be lowered, not raised"},
 		{"worker asking for a control plane", section(tok, host, "role: worker", "config: |\n    clusterConfiguration:\n      kubernetesVersion: v1.37.2\n    joinConfiguration:\n      controlPlane: {}"),
 			"joinConfiguration.controlPlane is set but the role is worker"},
 	} {

@@ -16,24 +16,28 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 
+	sdkbus "github.com/kairos-io/kairos-sdk/bus"
+	"github.com/kairos-io/kairos-sdk/clusterplugin"
 	pluggable "github.com/mudler/go-pluggable"
-	"sigs.k8s.io/yaml"
 
 	"github.com/kairos-io/provider-kubernetes/internal/bootstrap"
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 )
 
 // Events the provider answers, and the name Kairos finds it under.
+// The names are kairos-sdk's: agent.boot (sent by `kairos-agent notify
+// agent.boot` from kairos-init's initramfs stage) and cluster.reset (defined
+// by the SDK; kairos-agent v2.31.4 itself never sends it).
 const (
-	EventBoot  pluggable.EventType = "agent.boot"
-	EventReset pluggable.EventType = "cluster.reset"
-	BinaryName                     = "agent-provider-kubernetes"
+	EventBoot  = sdkbus.EventBoot
+	EventReset = clusterplugin.EventClusterReset
+	BinaryName = "agent-provider-kubernetes"
 )
 
 // MaxEventSize bounds the event read from stdin or from its file.
@@ -112,29 +116,23 @@ type bootPayload struct {
 func (o *Options) onBoot(e *pluggable.Event) pluggable.EventResponse {
 	var p bootPayload
 	if err := json.Unmarshal([]byte(e.Data), &p); err != nil {
-		return fail("agent.boot: the event data is not {\"config\": \"<cloud-config>\"}: %v", err)
+		return fail("agent.boot: the event data is not {\"config\": \"<cloud-config>\"}: %s", clusterconfig.RedactYAMLError(err))
 	}
-	var cc map[string]json.RawMessage
-	if err := yaml.Unmarshal([]byte(p.Config), &cc); err != nil {
-		return fail("agent.boot: the cloud-config is not YAML: %s", redact(err))
+	// The section as kairos-sdk's cluster plugin reads it (clusterplugin.Config).
+	c, section, err := clusterconfig.ParseCloudConfig([]byte(p.Config))
+	if err != nil {
+		return fail("agent.boot: %v", err)
 	}
-	raw, ok := cc["cluster"]
-	if !ok || string(raw) == "null" {
+	if c == nil {
 		fmt.Println("provider-kubernetes: no cluster: section in the cloud-config: nothing to do")
 		return pluggable.EventResponse{}
 	}
-	if !bytes.HasPrefix(bytes.TrimSpace(raw), []byte("{")) {
-		return fail("agent.boot: cluster: must be a map of the cluster keys")
-	}
-	section, err := yaml.JSONToYAML(raw)
-	if err != nil {
-		return fail("agent.boot: cluster: %s", redact(err))
-	}
-	c, err := clusterconfig.Parse(section)
-	if err != nil {
+	if _, err := c.Validate(); err != nil {
 		return fail("agent.boot: cluster: %v", err)
 	}
-	if _, err := c.Validate(); err != nil {
+	// providerConfig is checked now too: a bad budget fails the boot step,
+	// it is not found later by the pass.
+	if _, err := reconcile.DefaultBudgets().WithOverrides(c.ProviderConfig); err != nil {
 		return fail("agent.boot: cluster: %v", err)
 	}
 	// What the bootstrap step will render must render: a role conflict or a
@@ -182,15 +180,4 @@ func (o *Options) onReset(ctx context.Context, _ *pluggable.Event) pluggable.Eve
 
 func fail(format string, a ...any) pluggable.EventResponse {
 	return pluggable.EventResponse{Error: runner.Sanitize(fmt.Sprintf(format, a...), 2000)}
-}
-
-var backquoted = regexp.MustCompile("`[^`]*`")
-
-// redact keeps the first line of a YAML error without the input it quotes.
-func redact(err error) string {
-	s := err.Error()
-	if i := bytes.IndexByte([]byte(s), '\n'); i >= 0 {
-		s = s[:i]
-	}
-	return backquoted.ReplaceAllString(s, "<value>")
 }

@@ -1,14 +1,18 @@
 package reconcile
 
 import (
-	"encoding/json"
+	"errors"
 	"fmt"
+	"sort"
+	"strings"
 	"time"
+
+	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 )
 
 // Budgets bound every wait and every command of a pass. The defaults are
 // documented in the README; providerConfig.budgets in the cluster section
-// overrides them (durations such as "90s" or "10m").
+// overrides them with its budget.<name> keys (durations such as "90s" or "10m").
 type Budgets struct {
 	// ClusterVersion: reading the cluster version when an upgrade may be due.
 	ClusterVersion time.Duration `json:"clusterVersion"`
@@ -79,18 +83,21 @@ func (b Budgets) Total() time.Duration {
 	return max(cp, worker, bootstrap)
 }
 
-// WithOverrides applies providerConfig's "budgets" map.
-func (b Budgets) WithOverrides(providerConfig json.RawMessage) (Budgets, error) {
-	if len(providerConfig) == 0 || string(providerConfig) == "null" {
-		return b, nil
-	}
-	var pc struct {
-		Budgets map[string]string `json:"budgets"`
-	}
-	if err := json.Unmarshal(providerConfig, &pc); err != nil {
-		return b, fmt.Errorf("providerConfig.budgets: %w", err)
-	}
-	fields := map[string]*time.Duration{
+// BudgetKeyPrefix starts every budget key of providerConfig, which in
+// Kairos's schema (kairos-sdk clusterplugin.Cluster) is a flat map of
+// strings: "budget.waitForCluster: 15m".
+const BudgetKeyPrefix = "budget."
+
+// MaxEtcdSnapshot is the snapshot step's documented bound (upgrades.md: "It
+// is bounded at two minutes"): providerConfig may lower it, not raise it.
+const MaxEtcdSnapshot = 2 * time.Minute
+
+// ErrProviderConfig marks a providerConfig the provider refuses.
+var ErrProviderConfig = errors.New("invalid providerConfig")
+
+// fields maps each budget's key name to its field.
+func (b *Budgets) fields() map[string]*time.Duration {
+	return map[string]*time.Duration{
 		"clusterVersion":     &b.ClusterVersion,
 		"waitForCluster":     &b.WaitForCluster,
 		"kubeadmUpgrade":     &b.KubeadmUpgrade,
@@ -105,19 +112,49 @@ func (b Budgets) WithOverrides(providerConfig json.RawMessage) (Budgets, error) 
 		"kubeadmBootstrap":   &b.KubeadmBootstrap,
 		"controlPlaneReady":  &b.ControlPlaneReady,
 	}
-	for k, v := range pc.Budgets {
-		f, ok := fields[k]
-		if !ok {
-			return b, fmt.Errorf("providerConfig.budgets.%s: unknown budget", k)
+}
+
+// BudgetKeys are the providerConfig keys of the budgets, sorted.
+func BudgetKeys() []string {
+	var b Budgets
+	var keys []string
+	for k := range b.fields() {
+		keys = append(keys, BudgetKeyPrefix+k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// WithOverrides applies providerConfig's budget keys ("budget.<name>": a
+// positive Go duration). Every key of providerConfig must be one of them;
+// errors name the key and the expected form, never the value (the plugin
+// refuses a bad one at boot with this same check).
+func (b Budgets) WithOverrides(providerConfig map[string]string) (Budgets, error) {
+	fields := b.fields()
+	keys := make([]string, 0, len(providerConfig))
+	for k := range providerConfig {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		name, isBudget := strings.CutPrefix(k, BudgetKeyPrefix)
+		f, ok := fields[name]
+		if !isBudget || !ok {
+			return b, fmt.Errorf("%w: providerConfig has an unknown key, %s: the keys are %s (a Go duration each, e.g. budget.verify: 6m)",
+				ErrProviderConfig, clusterconfig.SafeKey(k), strings.Join(BudgetKeys(), ", "))
 		}
-		d, err := time.ParseDuration(v)
+		d, err := time.ParseDuration(strings.TrimSpace(providerConfig[k]))
 		if err != nil || d <= 0 {
-			return b, fmt.Errorf("providerConfig.budgets.%s: %q is not a positive duration", k, v)
+			return b, fmt.Errorf("%w: providerConfig %s is not a positive Go duration such as 90s or 10m", ErrProviderConfig, k)
 		}
 		*f = d
 	}
+	if b.EtcdSnapshot > MaxEtcdSnapshot {
+		return b, fmt.Errorf("%w: providerConfig %s%s is above the snapshot step's bound of %s: it may be lowered, not raised",
+			ErrProviderConfig, BudgetKeyPrefix, "etcdSnapshot", MaxEtcdSnapshot)
+	}
 	if b.Total() > PassBound {
-		return b, fmt.Errorf("providerConfig.budgets add up to %s, above the pass bound of %s", b.Total(), PassBound)
+		return b, fmt.Errorf("%w: the budgets add up to %s, above the pass bound of %s", ErrProviderConfig, b.Total(), PassBound)
 	}
 	return b, nil
 }

@@ -506,7 +506,7 @@ func TestVerifyTimesOut(t *testing.T) {
 
 func TestBudgetsFromProviderConfig(t *testing.T) {
 	e := newEnv(t, "worker", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
-	e.node.Write(paths.ClusterFile, e.node.Read(paths.ClusterFile)+"providerConfig:\n  budgets:\n    waitForCluster: 30s\n", 0o600)
+	e.node.Write(paths.ClusterFile, e.node.Read(paths.ClusterFile)+"providerConfig:\n  budget.waitForCluster: 30s\n", 0o600)
 	start := e.clock.Now()
 	res := e.run(Steps{})
 	if res.ExitCode != ExitFailed || res.Status.Reason != ReasonControlPlaneNotUpgraded {
@@ -516,7 +516,7 @@ func TestBudgetsFromProviderConfig(t *testing.T) {
 		t.Fatalf("waited %s with a 30s budget", waited)
 	}
 
-	e.node.Write(paths.ClusterFile, e.node.Read(paths.ClusterFile)+"    bogus: 1s\n", 0o600)
+	e.node.Write(paths.ClusterFile, e.node.Read(paths.ClusterFile)+"  budget.bogus: 1s\n", 0o600)
 	res = e.run(Steps{})
 	if res.ExitCode != ExitFailed || res.Status.Reason != ReasonConfigFailed || len(e.lines()) != 0 {
 		t.Fatalf("bad budget: exit %d %+v %q", res.ExitCode, res.Status, e.lines())
@@ -556,7 +556,7 @@ func TestNodeVersionFromManifest(t *testing.T) {
 // runner, from the sandbox root, with the budget from providerConfig.
 func TestHungKubeadmIsKilledAtItsBudget(t *testing.T) {
 	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
-	e.node.Write(paths.ClusterFile, e.node.Read(paths.ClusterFile)+"providerConfig:\n  budgets:\n    kubeadmUpgrade: 1s\n", 0o600)
+	e.node.Write(paths.ClusterFile, e.node.Read(paths.ClusterFile)+"providerConfig:\n  budget.kubeadmUpgrade: 1s\n", 0o600)
 	e.node.Write(paths.Kubeadm, "#!/bin/sh\necho '[upgrade] waiting for etcd' >&2\nsleep 120\n", 0o755)
 	start := time.Now()
 	res := Run(context.Background(), Options{Root: e.node.R(), Runner: runner.Exec{Root: e.node.Root}, Log: e.logger(),

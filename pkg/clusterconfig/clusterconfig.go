@@ -2,15 +2,24 @@
 // on: the file the plugin writes to /run/provider-kubernetes/cluster.yaml
 // (the keys of the cloud-config's "cluster:" section), whose "config" is a
 // YAML string holding the kubeadm configuration documents by key.
+//
+// The section is read with Kairos's own type, kairos-sdk's
+// clusterplugin.Cluster, decoded the way kairos-sdk decodes it (yaml.v3), so
+// what the provider accepts is what Kairos tools parse. The provider is
+// stricter than the SDK on top of that: a key the provider reads must have
+// the right YAML kind, and every error names the key and the expected form,
+// never a value taken from the section (the cluster token lives in it).
 package clusterconfig
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
+	"sort"
+	"strings"
 
+	sdk "github.com/kairos-io/kairos-sdk/clusterplugin"
+	yaml3 "gopkg.in/yaml.v3"
 	"sigs.k8s.io/yaml"
 )
 
@@ -20,13 +29,15 @@ var ErrInvalid = errors.New("invalid cluster config")
 // MaxSize bounds the cluster file and the config string.
 const MaxSize = 1 << 20
 
-// Cluster is the cluster section. ClusterToken is a secret: never log a Cluster.
+// Cluster is the cluster section, as kairos-sdk's clusterplugin.Cluster
+// carries it (the SDK's Options is Config here, its ProviderOptions
+// ProviderConfig). ClusterToken is a secret: never log a Cluster.
 type Cluster struct {
 	ClusterToken     string            `json:"cluster_token,omitempty"`
 	ControlPlaneHost string            `json:"control_plane_host,omitempty"`
 	Role             string            `json:"role,omitempty"`
 	Config           string            `json:"config,omitempty"`
-	ProviderConfig   json.RawMessage   `json:"providerConfig,omitempty"`
+	ProviderConfig   map[string]string `json:"providerConfig,omitempty"`
 	Env              map[string]string `json:"env,omitempty"`
 	CACerts          []string          `json:"ca_certs,omitempty"`
 }
@@ -42,37 +53,197 @@ type Kubeadm struct {
 	KubeProxyConfiguration map[string]any `json:"kubeProxyConfiguration,omitempty"`
 }
 
-// Parse parses a cluster file. The error names the offending key and never
-// quotes a value (the token lives in this file).
+// keyKinds are the YAML kinds of the section's keys the provider reads:
+// a string key must be a YAML string, not a number, list or map.
+var keyKinds = map[string]string{
+	"cluster_token":      "a string",
+	"control_plane_host": "a string",
+	"role":               "a string",
+	"config":             "a string",
+	"providerConfig":     "a map of strings",
+	"env":                "a map of strings",
+	"ca_certs":           "a list of strings",
+}
+
+// Parse parses a cluster file: the keys of the cloud-config's cluster:
+// section. The error names the offending key and never quotes a value.
 func Parse(b []byte) (*Cluster, error) {
 	if len(b) > MaxSize {
 		return nil, fmt.Errorf("%w: file is %d bytes, limit %d", ErrInvalid, len(b), MaxSize)
 	}
-	var raw map[string]json.RawMessage
-	if err := yaml.Unmarshal(b, &raw); err != nil {
-		return nil, fmt.Errorf("%w: not YAML: %s", ErrInvalid, firstLine(err))
+	var doc yaml3.Node
+	if err := yaml3.Unmarshal(b, &doc); err != nil {
+		return nil, fmt.Errorf("%w: not YAML: %s", ErrInvalid, RedactYAMLError(err))
 	}
-	if raw == nil {
+	if doc.Kind == 0 || len(doc.Content) == 0 || isNull(doc.Content[0]) {
 		return nil, fmt.Errorf("%w: empty", ErrInvalid)
 	}
-	for _, k := range []string{"cluster_token", "control_plane_host", "role", "config"} {
-		if v, ok := raw[k]; ok && !isString(v) {
-			if k == "config" {
-				return nil, fmt.Errorf("%w: config must be a YAML string holding the kubeadm documents by key (write config: | and indent them), got %s", ErrInvalid, jsonKind(v))
+	return fromNode(doc.Content[0])
+}
+
+// ParseCloudConfig reads the cluster: section of a whole cloud-config, as
+// kairos-sdk's cluster plugin reads it (into clusterplugin.Config). It
+// returns the section's own YAML (what the boot stage writes to the
+// cluster file) and nil, nil, nil when there is no cluster: section.
+func ParseCloudConfig(b []byte) (*Cluster, []byte, error) {
+	if len(b) > MaxEventConfig {
+		return nil, nil, fmt.Errorf("%w: the cloud-config is %d bytes, limit %d", ErrInvalid, len(b), MaxEventConfig)
+	}
+	var doc yaml3.Node
+	if err := yaml3.Unmarshal(b, &doc); err != nil {
+		return nil, nil, fmt.Errorf("%w: the cloud-config is not YAML: %s", ErrInvalid, RedactYAMLError(err))
+	}
+	if doc.Kind == 0 || len(doc.Content) == 0 || isNull(doc.Content[0]) {
+		return nil, nil, nil
+	}
+	top := doc.Content[0]
+	if top.Kind != yaml3.MappingNode {
+		return nil, nil, fmt.Errorf("%w: the cloud-config is not a map of keys", ErrInvalid)
+	}
+	var section *yaml3.Node
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		if top.Content[i].Value == "cluster" {
+			section = top.Content[i+1]
+		}
+	}
+	if section == nil || isNull(section) {
+		return nil, nil, nil
+	}
+	if section.Kind != yaml3.MappingNode {
+		return nil, nil, fmt.Errorf("%w: cluster: must be a map of the cluster keys", ErrInvalid)
+	}
+	c, err := fromNode(section)
+	if err != nil {
+		return nil, nil, err
+	}
+	out, err := yaml3.Marshal(section)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: cluster: %s", ErrInvalid, RedactYAMLError(err))
+	}
+	if len(out) > MaxSize {
+		return nil, nil, fmt.Errorf("%w: cluster: is %d bytes, limit %d", ErrInvalid, len(out), MaxSize)
+	}
+	return c, out, nil
+}
+
+// MaxEventConfig bounds a whole cloud-config handed to the plugin.
+const MaxEventConfig = 8 << 20
+
+// fromNode checks the kinds of the keys the provider reads, then decodes
+// the section with kairos-sdk's own type.
+func fromNode(n *yaml3.Node) (*Cluster, error) {
+	if n.Kind != yaml3.MappingNode {
+		return nil, fmt.Errorf("%w: the cluster section is not a map of keys", ErrInvalid)
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i].Value, n.Content[i+1]
+		want, ok := keyKinds[k]
+		if !ok || isNull(v) {
+			continue
+		}
+		if err := checkKind(k, want, v); err != nil {
+			return nil, err
+		}
+	}
+	var s sdk.Cluster
+	if err := n.Decode(&s); err != nil {
+		return nil, fmt.Errorf("%w: %s", ErrInvalid, RedactYAMLError(err))
+	}
+	return &Cluster{
+		ClusterToken:     s.ClusterToken,
+		ControlPlaneHost: s.ControlPlaneHost,
+		Role:             string(s.Role),
+		Config:           s.Options,
+		ProviderConfig:   s.ProviderOptions,
+		Env:              s.Env,
+		CACerts:          s.CACerts,
+	}, nil
+}
+
+func checkKind(key, want string, v *yaml3.Node) error {
+	bad := func(got string) error {
+		if key == "config" {
+			return fmt.Errorf("%w: config must be a YAML string holding the kubeadm documents by key (write config: | and indent them), got %s", ErrInvalid, got)
+		}
+		return fmt.Errorf("%w: %s must be %s, got %s", ErrInvalid, key, want, got)
+	}
+	switch want {
+	case "a string":
+		if !isString(v) {
+			return bad(kind(v))
+		}
+	case "a map of strings":
+		if v.Kind != yaml3.MappingNode {
+			return bad(kind(v))
+		}
+		var keys []string
+		for i := 0; i+1 < len(v.Content); i += 2 {
+			if !isString(v.Content[i+1]) && !isScalar(v.Content[i+1]) {
+				keys = append(keys, SafeKey(v.Content[i].Value))
 			}
-			return nil, fmt.Errorf("%w: %s must be a string, got %s", ErrInvalid, k, jsonKind(v))
+		}
+		if len(keys) > 0 {
+			sort.Strings(keys)
+			return fmt.Errorf("%w: %s is a flat map of strings (Kairos's schema); the value of %s is not a string", ErrInvalid, key, keys[0])
+		}
+	case "a list of strings":
+		if v.Kind != yaml3.SequenceNode {
+			return bad(kind(v))
+		}
+		for i, item := range v.Content {
+			if !isString(item) {
+				return fmt.Errorf("%w: %s[%d] must be a string", ErrInvalid, key, i)
+			}
 		}
 	}
-	var c Cluster
-	js, _ := json.Marshal(raw)
-	if err := json.Unmarshal(js, &c); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return nil, fmt.Errorf("%w: %s has the wrong type (want %s)", ErrInvalid, te.Field, te.Type)
-		}
-		return nil, fmt.Errorf("%w: %s", ErrInvalid, firstLine(err))
+	return nil
+}
+
+func isNull(n *yaml3.Node) bool {
+	return n.Kind == yaml3.ScalarNode && n.ShortTag() == "!!null"
+}
+
+func isScalar(n *yaml3.Node) bool {
+	return n.Kind == yaml3.ScalarNode || (n.Kind == yaml3.AliasNode && n.Alias != nil && n.Alias.Kind == yaml3.ScalarNode)
+}
+
+func isString(n *yaml3.Node) bool {
+	if n.Kind == yaml3.AliasNode && n.Alias != nil {
+		n = n.Alias
 	}
-	return &c, nil
+	return n.Kind == yaml3.ScalarNode && n.ShortTag() == "!!str"
+}
+
+// kind names the YAML kind of a value, never the value itself.
+func kind(n *yaml3.Node) string {
+	switch n.Kind {
+	case yaml3.MappingNode:
+		return "a map"
+	case yaml3.SequenceNode:
+		return "a list"
+	case yaml3.AliasNode:
+		return "an alias"
+	}
+	switch n.ShortTag() {
+	case "!!bool":
+		return "a boolean"
+	case "!!int", "!!float":
+		return "a number"
+	}
+	return "a " + n.ShortTag() + " value"
+}
+
+// safeKeyRE is what a key may look like to be named in an error: short,
+// letters and separators only. A key that could be a secret (the token
+// pasted one line off) is named by position only.
+var safeKeyRE = regexp.MustCompile(`^[A-Za-z][A-Za-z._-]{0,47}$`)
+
+// SafeKey is a key as an error may name it.
+func SafeKey(k string) string {
+	if safeKeyRE.MatchString(k) {
+		return k
+	}
+	return "a key that is not a plain name (not shown)"
 }
 
 // Kubeadm parses the config string.
@@ -82,7 +253,7 @@ func (c *Cluster) Kubeadm() (*Kubeadm, error) {
 	}
 	var k Kubeadm
 	if err := yaml.UnmarshalStrict([]byte(c.Config), &k); err != nil {
-		return nil, fmt.Errorf("%w: config: %s", ErrInvalid, firstLine(err))
+		return nil, fmt.Errorf("%w: config: %s", ErrInvalid, RedactYAMLError(err))
 	}
 	return &k, nil
 }
@@ -101,38 +272,28 @@ func (k *Kubeadm) Pin() (string, error) {
 	return s, nil
 }
 
-func isString(m json.RawMessage) bool {
-	m = bytes.TrimSpace(m)
-	return len(m) > 0 && (m[0] == '"' || bytes.Equal(m, []byte("null")))
-}
+// quoted matches what YAML and JSON errors quote of the input (in
+// backquotes, quotes or, for a bad map key, after "invalid map key:"): a
+// value there may be the token, so it is never repeated.
+var quoted = regexp.MustCompile("`[^`]*`|'[^']*'|\"[^\"]*\"|invalid map key:.*")
 
-// jsonKind names the JSON type of a value, never the value itself.
-func jsonKind(m json.RawMessage) string {
-	m = bytes.TrimSpace(m)
-	if len(m) == 0 {
-		return "nothing"
-	}
-	switch m[0] {
-	case '{':
-		return "a map"
-	case '[':
-		return "a list"
-	case 't', 'f':
-		return "a boolean"
-	}
-	return "a number"
-}
+// unknownField is a strict decoder's complaint about a key: the key is
+// named when it is a plain name (SafeKey).
+var unknownField = regexp.MustCompile(`unknown field "([^"]*)"`)
 
-// quoted matches what YAML and JSON errors quote of the input: a value
-// there may be the token, so it is never repeated.
-var quoted = regexp.MustCompile("`[^`]*`")
-
-func firstLine(err error) string {
-	s := err.Error()
-	if i := bytes.IndexByte([]byte(s), '\n'); i >= 0 {
-		s = s[:i]
+// RedactYAMLError is a parser's error on one line without any of the
+// input it quotes, bounded.
+func RedactYAMLError(err error) string {
+	var parts []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		l = unknownField.ReplaceAllStringFunc(l, func(m string) string {
+			return "unknown key " + SafeKey(unknownField.FindStringSubmatch(m)[1])
+		})
+		if l = strings.TrimSpace(quoted.ReplaceAllString(l, "<value>")); l != "" {
+			parts = append(parts, l)
+		}
 	}
-	s = quoted.ReplaceAllString(s, "<value>")
+	s := strings.Join(parts, " ")
 	if len(s) > 200 {
 		s = s[:200]
 	}

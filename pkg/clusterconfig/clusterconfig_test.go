@@ -2,8 +2,12 @@ package clusterconfig
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+
+	sdk "github.com/kairos-io/kairos-sdk/clusterplugin"
+	yaml3 "gopkg.in/yaml.v3"
 )
 
 const good = `
@@ -21,8 +25,7 @@ config: |
     apply:
       ignorePreflightErrors: [SystemVerification]
 providerConfig:
-  budgets:
-    verify: 5m
+  budget.verify: 5m
 `
 
 func TestParseGood(t *testing.T) {
@@ -127,4 +130,67 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("pin error not ErrInvalid: %v", err)
 		}
 	})
+}
+
+// The section is Kairos's schema: what kairos-sdk's clusterplugin.Config
+// decodes (yaml.v3, as the SDK's own cluster plugin does) is what Parse and
+// ParseCloudConfig return, field by field.
+func TestKairosSchema(t *testing.T) {
+	cloud := "#cloud-config\nhostname: cp1\ncluster:\n" + indent(good+"env:\n  HTTP_PROXY: http://proxy:3128\nca_certs:\n- abc\nimport_local_images: true\n", "  ")
+	var want sdk.Config
+	if err := yaml3.Unmarshal([]byte(cloud), &want); err != nil || want.Cluster == nil {
+		t.Fatalf("the SDK's own parser: %v", err)
+	}
+	got, section, err := ParseCloudConfig([]byte(cloud))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := want.Cluster
+	if got.ClusterToken != w.ClusterToken || got.ControlPlaneHost != w.ControlPlaneHost || got.Role != string(w.Role) ||
+		got.Config != w.Options || fmt.Sprint(got.ProviderConfig) != fmt.Sprint(w.ProviderOptions) ||
+		fmt.Sprint(got.Env) != fmt.Sprint(w.Env) || fmt.Sprint(got.CACerts) != fmt.Sprint(w.CACerts) {
+		t.Fatalf("got %+v\nthe SDK read %+v", got, w)
+	}
+	if got.ProviderConfig["budget.verify"] != "5m" {
+		t.Fatalf("providerConfig %v", got.ProviderConfig)
+	}
+	// The section written for the boot stage parses back to the same thing.
+	again, err := Parse(section)
+	if err != nil || fmt.Sprint(*again) != fmt.Sprint(*got) {
+		t.Fatalf("the section does not round-trip: %v\n%+v\n%+v", err, again, got)
+	}
+	var sdkAgain sdk.Cluster
+	if err := yaml3.Unmarshal(section, &sdkAgain); err != nil || sdkAgain.Options != w.Options {
+		t.Fatalf("the SDK cannot read the written section: %v", err)
+	}
+
+	for name, cc := range map[string]string{"no section": "#cloud-config\nhostname: x\n", "null section": "cluster:\n", "empty": ""} {
+		c, s, err := ParseCloudConfig([]byte(cc))
+		if c != nil || s != nil || err != nil {
+			t.Errorf("%s: %v %q %v", name, c, s, err)
+		}
+	}
+}
+
+// The nested providerConfig of earlier releases is not Kairos's schema (the
+// SDK fails on it with "cannot unmarshal !!map into string"): refused, with
+// the key named and the flat form explained.
+func TestNestedProviderConfigIsRefused(t *testing.T) {
+	in := "role: init\nproviderConfig:\n  budgets:\n    verify: 5m\n"
+	var s sdk.Cluster
+	if err := yaml3.Unmarshal([]byte(in), &s); err == nil {
+		t.Fatal("the SDK accepts a nested providerConfig: this test's premise is wrong")
+	}
+	_, err := Parse([]byte(in))
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "providerConfig is a flat map of strings (Kairos's schema); the value of budgets is not a string") {
+		t.Fatalf("%v", err)
+	}
+}
+
+func indent(s, prefix string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
+		b.WriteString(prefix + l + "\n")
+	}
+	return b.String()
 }

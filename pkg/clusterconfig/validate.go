@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
 	"regexp"
@@ -99,7 +100,7 @@ func (c *Cluster) Validate() (*Kubeadm, error) {
 		return nil, bad("role is missing: set role: init, controlplane or worker")
 	case RoleInit, RoleControlPlane, RoleWorker:
 	default:
-		return nil, bad("role %q is not init, controlplane or worker", clip(c.Role))
+		return nil, bad("role is not init, controlplane or worker")
 	}
 	if err := TokenStrength(c.ClusterToken); err != nil {
 		return nil, err
@@ -151,7 +152,7 @@ func TokenStrength(tok string) error {
 // or a bad port is an error.
 func Endpoint(s string) (string, error) {
 	if strings.Contains(s, "://") || strings.ContainsAny(s, "/ \t\n") {
-		return "", fmt.Errorf("%q is not a host or host:port (no scheme, no path)", clip(s))
+		return "", errors.New("not a host or host:port (no scheme, no path)")
 	}
 	host, port := s, DefaultAPIPort
 	if h, p, err := net.SplitHostPort(s); err == nil {
@@ -159,14 +160,14 @@ func Endpoint(s string) (string, error) {
 	} else if strings.Count(s, ":") > 1 && net.ParseIP(strings.Trim(s, "[]")) != nil {
 		host = strings.Trim(s, "[]") // a bare IPv6 address
 	} else if strings.Contains(s, ":") {
-		return "", fmt.Errorf("%q is not a host or host:port: %v", clip(s), err)
+		return "", errors.New("not a host or host:port (an IPv6 address goes in brackets: [fd00::1]:6443)")
 	}
 	if host == "" {
-		return "", fmt.Errorf("%q has no host", clip(s))
+		return "", errors.New("no host")
 	}
 	n, err := strconv.Atoi(port)
 	if err != nil || n < 1 || n > 65535 {
-		return "", fmt.Errorf("%q: port %q is not 1-65535", clip(s), clip(port))
+		return "", errors.New("the port is not 1-65535")
 	}
 	return net.JoinHostPort(host, port), nil
 }
@@ -228,7 +229,7 @@ func (k *Kubeadm) validate() error {
 		return bad("clusterConfiguration.kubernetesVersion is missing: pin an exact version such as v1.37.2")
 	}
 	if _, err := version.Parse(pin); err != nil {
-		return bad("clusterConfiguration.kubernetesVersion %q is not an exact vMAJOR.MINOR.PATCH release", clip(pin))
+		return bad("clusterConfiguration.kubernetesVersion is not an exact vMAJOR.MINOR.PATCH release such as v1.37.2")
 	}
 	if v, ok := k.ClusterConfiguration["controlPlaneEndpoint"]; ok {
 		s, isStr := v.(string)
@@ -350,10 +351,10 @@ func checkTTL(v any, key string) error {
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("%s %q is not a duration such as 24h", key, clip(s))
+		return fmt.Errorf("%s is not a duration such as 24h", key)
 	}
 	if d <= 0 || d > MaxTokenTTL {
-		return fmt.Errorf("%s %s is not bounded: want more than 0 and at most %s", key, d, MaxTokenTTL)
+		return fmt.Errorf("%s is not bounded: want more than 0 and at most %s", key, MaxTokenTTL)
 	}
 	return nil
 }
@@ -367,12 +368,4 @@ func checkCertKey(v any, key string) error {
 		return fmt.Errorf("%s is not 64 lowercase hex digits", key)
 	}
 	return nil
-}
-
-// clip bounds a non-secret value quoted in an error.
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
 }

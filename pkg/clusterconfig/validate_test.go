@@ -82,28 +82,28 @@ func TestValidateGood(t *testing.T) {
 func TestValidateBad(t *testing.T) {
 	for _, tc := range []struct{ name, in, want string }{
 		{"missing role", section("", "10.0.0.11", goodConfig), "role is missing"},
-		{"unknown role", section("master", "10.0.0.11", goodConfig), `role "master" is not init, controlplane or worker`},
+		{"unknown role", section("master", "10.0.0.11", goodConfig), "role is not init, controlplane or worker"},
 		{"missing token", "role: init\ncontrol_plane_host: 10.0.0.11\n" + goodConfig, "cluster_token is missing"},
 		{"short token", strings.Replace(section("init", "10.0.0.11", goodConfig), secretToken, "abc123", 1), "cluster_token is too short (6 characters"},
 		{"repetitive token", strings.Replace(section("init", "10.0.0.11", goodConfig), secretToken, strings.Repeat("ab", 20), 1), "cluster_token is too repetitive"},
 		{"config as a map", section("init", "10.0.0.11", "config:\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n"), "config must be a YAML string holding the kubeadm documents by key (write config: | and indent them), got a map"},
 		{"missing host", section("worker", "", goodConfig), "control_plane_host is missing"},
-		{"endpoint without a host", section("worker", ":6443", goodConfig), `control_plane_host: ":6443" has no host`},
-		{"endpoint with a scheme", section("worker", "https://cp:6443", goodConfig), "control_plane_host: \"https://cp:6443\" is not a host or host:port"},
-		{"endpoint bad port", section("worker", "cp:99999", goodConfig), "port \"99999\" is not 1-65535"},
-		{"cluster endpoint without a host", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n    controlPlaneEndpoint: \":6443\"\n"), "clusterConfiguration.controlPlaneEndpoint: \":6443\" has no host"},
+		{"endpoint without a host", section("worker", ":6443", goodConfig), "control_plane_host: no host"},
+		{"endpoint with a scheme", section("worker", "https://cp:6443", goodConfig), "control_plane_host: not a host or host:port (no scheme, no path)"},
+		{"endpoint bad port", section("worker", "cp:99999", goodConfig), "control_plane_host: the port is not 1-65535"},
+		{"cluster endpoint without a host", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n    controlPlaneEndpoint: \":6443\"\n"), "clusterConfiguration.controlPlaneEndpoint: no host"},
 		{"invalid yaml", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n   bad: [\n"), "config: "},
-		{"unknown document", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n  initConfig:\n    a: 1\n"), `unknown field "initConfig"`},
+		{"unknown document", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n  initConfig:\n    a: 1\n"), "unknown key initConfig"},
 		{"missing pin", section("init", "10.0.0.11", "config: |\n  initConfiguration: {}\n"), "clusterConfiguration.kubernetesVersion is missing"},
-		{"bad pin", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: stable\n"), `kubernetesVersion "stable" is not an exact`},
+		{"bad pin", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: stable\n"), "kubernetesVersion is not an exact vMAJOR.MINOR.PATCH release"},
 		{"wrong apiVersion", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    apiVersion: kubeadm.k8s.io/v1beta3\n    kubernetesVersion: v1.37.2\n"), "clusterConfiguration.apiVersion must be kubeadm.k8s.io/v1beta4"},
 		{"wrong kind", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n  initConfiguration:\n    kind: JoinConfiguration\n"), "initConfiguration.kind must be InitConfiguration"},
 		{"unsafe skip", section("worker", "10.0.0.11", goodConfig+"  joinConfiguration:\n    discovery:\n      bootstrapToken:\n        unsafeSkipCAVerification: true\n"), "unsafeSkipCAVerification must not be set"},
 		{"file discovery", section("worker", "10.0.0.11", goodConfig+"  joinConfiguration:\n    discovery:\n      file:\n        kubeConfigPath: /x\n"), "discovery.file is not supported"},
 		{"bad hash", section("worker", "10.0.0.11", goodConfig+"  joinConfiguration:\n    discovery:\n      bootstrapToken:\n        caCertHashes: [sha256:zz]\n"), "caCertHashes[0] is not sha256:"},
 		{"bad join token", section("worker", "10.0.0.11", goodConfig+"  joinConfiguration:\n    discovery:\n      bootstrapToken:\n        token: "+secretToken+"\n"), "bootstrapToken.token is not a bootstrap token"},
-		{"unbounded ttl", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    bootstrapTokens:\n    - token: abcdef.0123456789abcdef\n      ttl: 0s\n"), "ttl 0s is not bounded"},
-		{"long ttl", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    bootstrapTokens:\n    - token: abcdef.0123456789abcdef\n      ttl: 720h\n"), "ttl 720h0m0s is not bounded"},
+		{"unbounded ttl", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    bootstrapTokens:\n    - token: abcdef.0123456789abcdef\n      ttl: 0s\n"), "bootstrapTokens[0].ttl is not bounded: want more than 0 and at most 168h0m0s"},
+		{"long ttl", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    bootstrapTokens:\n    - token: abcdef.0123456789abcdef\n      ttl: 720h\n"), "bootstrapTokens[0].ttl is not bounded"},
 		{"token without token", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    bootstrapTokens:\n    - ttl: 1h\n"), "bootstrapTokens[0].token is missing"},
 		{"bad certificate key", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    certificateKey: "+secretToken+"\n"), "initConfiguration.certificateKey is not 64 lowercase hex digits"},
 		{"bad ca_certs", section("worker", "10.0.0.11", goodConfig+"ca_certs:\n- not a certificate\n"), "ca_certs[0]: no PEM CERTIFICATE block"},
@@ -170,5 +170,39 @@ func TestCertHashes(t *testing.T) {
 	got, err := CertHashes("junk before\n" + p + p)
 	if err != nil || len(got) != 2 || got[0] != want || !ValidCAHash(got[0]) {
 		t.Fatalf("%v %v, want 2x %s", got, err, want)
+	}
+}
+
+// Issue 13, class 4: a secret pasted where something else belongs (a YAML
+// key, role, a TTL, the pin, the endpoint, a list item, a map key of the
+// config, a value of the wrong kind) is refused with an error that names
+// the key and the expected form, never the value.
+func TestErrorsNeverQuoteAValueFromTheSection(t *testing.T) {
+	const s = "Zq8r4Nd0mclusterT0ken9f3a"
+	for _, tc := range []struct{ name, in string }{
+		{"token as role", section(s, "10.0.0.11", goodConfig)},
+		{"token as endpoint port", section("worker", "cp:"+s, goodConfig)},
+		{"token in endpoint with scheme", section("worker", "https://"+s, goodConfig)},
+		{"token as pin", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: "+s+"\n")},
+		{"token as ttl", section("init", "10.0.0.11", goodConfig+"  initConfiguration:\n    bootstrapTokens:\n    - token: abcdef.0123456789abcdef\n      ttl: "+s+"\n")},
+		{"token as a document key", section("init", "10.0.0.11", goodConfig+"  "+s+":\n    a: 1\n")},
+		{"token as a number-typed value", "cluster_token: 1" + strings.Repeat("7", 30) + "\nrole: init\n"},
+		{"token as a list", "cluster_token: [" + s + "]\nrole: init\n"},
+		{"token in a map key of providerConfig values", section("init", "10.0.0.11", goodConfig) + "providerConfig:\n  budget.verify: {" + s + ": 1}\n"},
+		{"token in ca_certs", section("worker", "10.0.0.11", goodConfig) + "ca_certs:\n- {" + s + ": 1}\n"},
+		{"token in a broken YAML line", section("init", "10.0.0.11", goodConfig) + s + ": [\n"},
+		{"token as a map key", section("init", "10.0.0.11", goodConfig) + "? {" + s + ": 1}\n: x\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := validate(t, tc.in)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, part := range []string{s, "777777777777"} {
+				if strings.Contains(err.Error(), part) {
+					t.Fatalf("error quotes a value: %q", err)
+				}
+			}
+		})
 	}
 }

@@ -38,13 +38,18 @@ func withCA(t *testing.T, section []byte, ca string) []byte {
 	return b
 }
 
-// withBudgets sets providerConfig.budgets.
+// withBudgets sets budget keys in providerConfig (a flat map of strings,
+// Kairos's schema: "budget.waitForCluster: 60s").
 func withBudgets(t *testing.T, section []byte, budgets map[string]string) []byte {
 	var m map[string]any
 	if err := yaml.Unmarshal(section, &m); err != nil {
 		t.Fatal(err)
 	}
-	m["providerConfig"] = map[string]any{"budgets": budgets}
+	pc := map[string]string{}
+	for k, v := range budgets {
+		pc["budget."+k] = v
+	}
+	m["providerConfig"] = pc
 	b, err := yaml.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
