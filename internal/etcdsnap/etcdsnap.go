@@ -27,6 +27,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/cryptgate"
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
@@ -126,7 +127,7 @@ func Take(ctx context.Context, o Options, target version.Version) (res Result) {
 		res.Reason = runner.Sanitize(res.Reason, maxReason)
 		a.logLine(logCtx, res)
 	}()
-	res = a.run(ctx)
+	res = a.withNotes(a.run(ctx))
 	res.Warnings = a.warnings
 	return res
 }
@@ -140,6 +141,9 @@ func (a *attempt) logLine(ctx context.Context, res Result) {
 		attrs = append(attrs, "path", res.Path, "cluster_id", fmt.Sprintf("%016x", res.ClusterID), "db_size", res.DBSize,
 			"revision", res.Revision, "keys", res.Keys, "hash", fmt.Sprintf("%08x", res.Hash), "pruned", res.Pruned,
 			"save", res.SaveTook.Round(time.Millisecond).String(), "verify", res.VerifyTook.Round(time.Millisecond).String())
+		if res.Reason != "" { // what was found and not trusted, replaced by this one
+			attrs = append(attrs, "detail", res.Reason)
+		}
 	case SkippedAlreadyTaken:
 		level = slog.LevelInfo
 		attrs = append(attrs, "path", res.Path)
@@ -161,6 +165,9 @@ type attempt struct {
 	warnings []string
 	lockFD   int
 	locked   bool
+	// notes say what was found in the backup directory and not trusted
+	// (moved aside or removed): the detail of the outcome line.
+	notes []string
 }
 
 func (a *attempt) close() {
@@ -176,6 +183,20 @@ func (a *attempt) close() {
 
 func failed(format string, args ...any) Result {
 	return Result{Outcome: Failed, Reason: fmt.Sprintf(format, args...)}
+}
+
+// withNotes adds what was found and not trusted to the outcome's detail.
+func (a *attempt) withNotes(r Result) Result {
+	if len(a.notes) == 0 {
+		return r
+	}
+	n := strings.Join(a.notes, "; ")
+	if r.Reason == "" {
+		r.Reason = n
+	} else {
+		r.Reason += "; " + n
+	}
+	return r
 }
 
 func (a *attempt) run(ctx context.Context) Result {
@@ -223,8 +244,26 @@ func (a *attempt) run(ctx context.Context) Result {
 	}
 	clusterID, dbSize := st.Header.ClusterId, st.DbSize
 	dir := paths.EtcdBackupDir
-	if existing := a.existing(clusterID); existing != "" {
+
+	// One attempt at a time from here: the existing snapshots are checked,
+	// and removed when they do not pass, under the directory's lock.
+	if err := a.lock(); err != nil {
+		return failed("%v", err)
+	}
+	a.removeStale()
+	existing, err := a.existing(ctx, v, clusterID)
+	if err != nil {
+		return failed("%v", err)
+	}
+	if existing != "" {
 		return Result{Outcome: SkippedAlreadyTaken, Path: filepath.Join(dir, existing), ClusterID: clusterID, DBSize: dbSize}
+	}
+	// No snapshot yet, and this node's upgrade apply already began: what
+	// etcd holds now is not the clean pre-upgrade state the snapshot
+	// promises, so none is taken.
+	if started := ApplyStarted(a.target, a.controlPlaneManifests()); started != "" {
+		return Result{Outcome: Failed, ClusterID: clusterID, DBSize: dbSize,
+			Reason: "the upgrade apply had already started (" + started + ") and no snapshot was taken before it: none is taken from a partially upgraded cluster; take a manual backup"}
 	}
 
 	var sf unix.Statfs_t
@@ -237,10 +276,6 @@ func (a *attempt) run(ctx context.Context) Result {
 			Reason: fmt.Sprintf("%d bytes free on %s, %d needed (2 x database %d + 1 GiB)", free, dir, need, dbSize)}
 	}
 
-	if err := a.lock(); err != nil {
-		return failed("%v", err)
-	}
-	a.removeStale()
 	res = a.save(ctx, v, clusterID)
 	res.ClusterID, res.DBSize = clusterID, dbSize
 	return res
@@ -272,12 +307,19 @@ func (a *attempt) gateAndPrepare() (cryptgate.Verdict, Result, bool) {
 	if !v.Confirmed {
 		return unconfirmed(v)
 	}
-	full := root.Path(dir)
-	if err := os.Lchown(full, 0, 0); err != nil {
-		return v, failed("chown %s: %s", dir, bare(err)), false
+	// Root's alone, 0700: a directory another user owns or can write is
+	// never reused as found (it could hold planted files, or have them
+	// swapped under the provider): it is moved aside and made fresh, on the
+	// same confirmed filesystem, and gated again.
+	aside, err := fsutil.EnsureDir(root.Path(dir), 0o700)
+	if err != nil {
+		return v, failed("%s: %s", dir, bare(err)), false
 	}
-	if err := os.Chmod(full, 0o700); err != nil {
-		return v, failed("chmod %s: %s", dir, bare(err)), false
+	if aside != "" {
+		a.notes = append(a.notes, fmt.Sprintf("%s was owned by another user or writable by others: moved aside to %s", dir, filepath.Base(aside)))
+		if v = cryptgate.Decide(cryptgate.Gather(root, dir, forbidden, a.o.FS)); !v.Confirmed {
+			return unconfirmed(v)
+		}
 	}
 	return v, Result{}, true
 }
@@ -290,19 +332,88 @@ func (a *attempt) name(clusterID uint64) string {
 }
 
 // existing returns the name of a snapshot already taken for this cluster
-// and target minor: a regular file (a file only gets its final name after
-// it was verified).
-func (a *attempt) existing(clusterID uint64) string {
-	ents, err := os.ReadDir(a.o.Root.Path(paths.EtcdBackupDir))
+// and target minor that still deserves the name: a regular file, root:root
+// 0600 with one link, on the confirmed device, passing the verification a
+// new snapshot passes (sha256 trailer, etcdutl snapshot status). One that
+// does not is removed (it never counts: a planted or damaged file must not
+// stop the real snapshot from being taken) and noted for the outcome line.
+// An error is returned only when the verification could not finish
+// (the attempt's bound): nothing is removed then.
+func (a *attempt) existing(ctx context.Context, v cryptgate.Verdict, clusterID uint64) (string, error) {
+	dir := a.o.Root.Path(paths.EtcdBackupDir)
+	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return ""
+		return "", fmt.Errorf("read %s: %s", paths.EtcdBackupDir, bare(err))
 	}
 	want := fmt.Sprintf("%016x", clusterID)
 	minor := a.target.MinorOf().String()
 	for _, e := range ents {
 		m := snapName.FindStringSubmatch(e.Name())
-		if m != nil && e.Type().IsRegular() && m[1] == want && m[2] == minor {
-			return e.Name()
+		if m == nil || m[1] != want || m[2] != minor {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		_, verr := verifyFile(ctx, a.o.Runner, a.o.FS, p, v.Dev, true)
+		if verr == nil {
+			return e.Name(), nil
+		}
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("verify the existing %s: %v", e.Name(), verr)
+		}
+		why := runner.Sanitize(verr.Error(), 120)
+		if err := removeEntry(p); err != nil {
+			return "", fmt.Errorf("remove the unverifiable %s (%s): %s", e.Name(), why, bare(err))
+		}
+		a.notes = append(a.notes, fmt.Sprintf("removed %s: %s", e.Name(), why))
+	}
+	syncDir(dir)
+	return "", nil
+}
+
+// removeEntry removes a file or, when something planted a directory under
+// a snapshot's name, that directory (never following a symlink: RemoveAll
+// unlinks one).
+func removeEntry(p string) error {
+	if err := os.Remove(p); err == nil || errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return os.RemoveAll(p)
+}
+
+// controlPlaneManifests reads this node's kube-apiserver,
+// kube-controller-manager and kube-scheduler manifests (those that can be
+// read) by component.
+func (a *attempt) controlPlaneManifests() map[string][]byte {
+	out := map[string][]byte{}
+	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+		if b, err := fsutil.ReadFileNoFollow(a.o.Root.Path(paths.ManifestsDir+"/"+c+".yaml"), 1<<20); err == nil {
+			out[c] = b
+		}
+	}
+	return out
+}
+
+// ApplyStarted says whether an upgrade apply to target already began on
+// this control plane: kubeadm rewrites the static pod manifests one after
+// the other, so any of them already at target's minor (or later) means
+// the cluster is partially upgraded. It returns what shows it ("" when
+// nothing does).
+func ApplyStarted(target version.Version, manifests map[string][]byte) string {
+	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+		b, ok := manifests[c]
+		if !ok {
+			continue
+		}
+		img, err := observe.ManifestImage(b, c)
+		if err != nil {
+			continue
+		}
+		v, err := version.ParseReported(observe.ImageTag(img))
+		if err != nil {
+			continue
+		}
+		if v.Major == target.Major && v.Minor >= target.Minor {
+			return fmt.Sprintf("this node's %s manifest already runs %s", c, v)
 		}
 	}
 	return ""
@@ -374,7 +485,7 @@ func (a *attempt) save(ctx context.Context, v cryptgate.Verdict, clusterID uint6
 		return failed("etcdctl snapshot save: %v", err)
 	}
 	t1 := time.Now()
-	st, err := verifyFile(ctx, a.o.Runner, a.o.FS, fullPart, v.Dev)
+	st, err := verifyFile(ctx, a.o.Runner, a.o.FS, fullPart, v.Dev, false)
 	if err != nil {
 		cleanup()
 		return failed("verify snapshot: %v", err)
@@ -400,11 +511,12 @@ func (a *attempt) save(ctx context.Context, v cryptgate.Verdict, clusterID uint6
 
 // seal makes the verified file 0600 root:root and durable.
 func seal(p string) error {
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	f, err := fsutil.OpenRegular(p)
 	if err != nil {
 		return fmt.Errorf("open snapshot: %w", err)
 	}
-	defer unix.Close(fd)
+	defer f.Close()
+	fd := int(f.Fd())
 	if err := unix.Fchown(fd, 0, 0); err != nil {
 		return fmt.Errorf("chown snapshot: %w", err)
 	}
@@ -417,12 +529,7 @@ func seal(p string) error {
 	return nil
 }
 
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
-	}
-}
+func syncDir(dir string) { fsutil.SyncDir(dir) }
 
 // prune removes every other snapshot file (older targets, other clusters)
 // now that a new one is verified. Only regular files with our names.

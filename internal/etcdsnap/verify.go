@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kairos-io/provider-kubernetes/internal/cryptgate"
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 )
@@ -40,8 +41,11 @@ type snapshotStatus struct {
 // etcdutl reads is exactly that one (no second lookup by path).
 const statusArg = "/proc/self/fd/0"
 
-// verifyFile checks a snapshot etcdctl saved before it may count: a regular
-// file (not through a symlink) on the device the gate confirmed, a sha256
+// verifyFile checks a snapshot etcdctl saved before it may count, and a
+// snapshot found in the directory before it is trusted (sealed: then it
+// must also be root:root 0600 with a single link, as the step leaves
+// them): a regular file (not through a symlink, opened without blocking)
+// on the device the gate confirmed, a sha256
 // trailer matching its content (what etcdutl restore checks), and the
 // bundled etcdutl's snapshot status: bbolt's integrity check, the hash,
 // revision and key count. etcdutl runs as a child through the runner, so
@@ -49,19 +53,26 @@ const statusArg = "/proc/self/fd/0"
 // that short-lived process's, not the provider's, and the runner bounds it.
 // Both checks read the file through pread/mmap, never its offset, so they
 // share the one descriptor.
-func verifyFile(ctx context.Context, run runner.Runner, fs cryptgate.FS, path string, dev cryptgate.Dev) (snapshotStatus, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+func verifyFile(ctx context.Context, run runner.Runner, fs cryptgate.FS, path string, dev cryptgate.Dev, sealed bool) (snapshotStatus, error) {
+	f, err := fsutil.OpenRegular(path)
+	if errors.Is(err, fsutil.ErrNotRegular) || errors.Is(err, fsutil.ErrSymlink) {
+		var st unix.Stat_t
+		if unix.Lstat(path, &st) == nil {
+			return snapshotStatus{}, fmt.Errorf("%s, not a regular file", fsutil.Kind(st.Mode))
+		}
+	}
 	if err != nil {
 		return snapshotStatus{}, fmt.Errorf("open: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
 		return snapshotStatus{}, err
 	}
-	if !fi.Mode().IsRegular() {
-		return snapshotStatus{}, errors.New("not a regular file")
+	if sealed {
+		if err := checkSealed(f); err != nil {
+			return snapshotStatus{}, err
+		}
 	}
 	st, err := fs.Stat(path)
 	if err != nil {
@@ -93,6 +104,24 @@ func verifyFile(ctx context.Context, run runner.Runner, fs cryptgate.FS, path st
 		return snapshotStatus{}, err // names /usr/bin/etcdutl snapshot status and its last error line
 	}
 	return parseStatus(out.Stdout, size)
+}
+
+// checkSealed: root:root, 0600, one link.
+func checkSealed(f *os.File) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("fstat: %w", err)
+	}
+	if st.Uid != 0 || st.Gid != 0 {
+		return fmt.Errorf("owned by %d:%d, not root:root", st.Uid, st.Gid)
+	}
+	if m := st.Mode & 0o7777; m != 0o600 {
+		return fmt.Errorf("mode %04o, not 0600", m)
+	}
+	if st.Nlink != 1 {
+		return fmt.Errorf("%d hard links", st.Nlink)
+	}
+	return nil
 }
 
 // parseStatus reads etcdutl's JSON and refuses anything that does not

@@ -212,9 +212,11 @@ func EnsureDir(dir string, mode os.FileMode) (movedAside string, err error) {
 	return "", nil
 }
 
-// syncDir fsyncs a directory (after a rename in it), best effort.
+// SyncDir fsyncs a directory (after a rename in it), best effort.
+func SyncDir(dir string) { syncDir(dir) }
+
 func syncDir(dir string) {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return
 	}
