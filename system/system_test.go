@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
 )
 
 // The manifest's entries for the release being built must be exactly the
@@ -118,8 +119,11 @@ func TestUnitsShape(t *testing.T) {
 		return ""
 	}
 	for name, lines := range map[string][]string{
+		// After Kairos's boot stage, which writes the cluster file; run only
+		// when the cloud-config has a cluster: section (either file exists).
 		Reconcile: {"Type=oneshot", "TimeoutStartSec=50min", "ExecStart=/usr/bin/provider-kubernetes reconcile",
-			"After=network-online.target containerd.service provider-kubernetes-image-import.service"},
+			"After=network-online.target containerd.service provider-kubernetes-image-import.service provider-kubernetes-unit-migrate.service cos-setup-boot.service\n",
+			"ConditionPathExists=|" + paths.ClusterFile + "\n", "ConditionPathExists=|" + paths.ClusterYipFile + "\n"},
 		ImageImport: {"After=containerd.service", "Before=kubelet.service", "ExecStart=/usr/bin/provider-kubernetes import-images"},
 		UnitMigrate: {"Before=containerd.service provider-kubernetes-image-import.service kubelet.service",
 			"ExecStart=/usr/bin/provider-kubernetes migrate-units", "DefaultDependencies=no"},

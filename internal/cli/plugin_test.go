@@ -318,6 +318,39 @@ func TestPluginBootWithoutAClusterSectionDoesNothing(t *testing.T) {
 	}
 }
 
+// The cluster: section removed from the cloud-config: the previous boot's
+// yip config goes too, so its boot stage no longer writes the old section
+// and starts passes.
+func TestPluginBootRemovesTheYipConfigWhenTheSectionIsGone(t *testing.T) {
+	root := t.TempDir()
+	r := execPlugin(t, root, "/system/providers/"+plugin.BinaryName, "agent.boot", bootEvent(cloudConfig(goodCluster)))
+	if r.code != 0 || r.resp.Error != "" {
+		t.Fatalf("%+v", r)
+	}
+	yipFile := filepath.Join(root, paths.ClusterYipFile)
+	if _, err := os.Lstat(yipFile); err != nil {
+		t.Fatal(err)
+	}
+	r = execPlugin(t, root, "/system/providers/"+plugin.BinaryName, "agent.boot", bootEvent(cloudConfig("")))
+	if r.code != 0 || r.resp.Error != "" || !strings.Contains(r.resp.Logs, "removed the previous "+paths.ClusterYipFile) {
+		t.Fatalf("%+v", r)
+	}
+	if _, err := os.Lstat(yipFile); !os.IsNotExist(err) {
+		t.Fatalf("the old yip config is still there: %v", err)
+	}
+	// A directory planted there is not removed and fails the event.
+	if err := os.Mkdir(yipFile, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r = execPlugin(t, root, "/system/providers/"+plugin.BinaryName, "agent.boot", bootEvent(cloudConfig("")))
+	if !strings.Contains(r.resp.Error, "cannot be removed") {
+		t.Fatalf("%+v", r)
+	}
+	if st, err := os.Lstat(yipFile); err != nil || !st.IsDir() {
+		t.Fatalf("%v %v", st, err)
+	}
+}
+
 // Installed as the plugin, events it does not handle get an empty answer.
 func TestPluginIgnoresOtherEvents(t *testing.T) {
 	root := t.TempDir()

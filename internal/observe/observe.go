@@ -59,7 +59,10 @@ func (o *Observer) Config() (Config, error) {
 	b, err := fsutil.ReadFileNoFollow(o.Root.Path(p), clusterconfig.MaxSize)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return Config{}, fmt.Errorf("cluster file %s does not exist: the Kairos plugin writes it from the cloud-config's cluster: section", p)
+			if _, yerr := os.Lstat(o.Root.Path(paths.ClusterYipFile)); yerr == nil {
+				return Config{}, fmt.Errorf("cluster file %s does not exist although the plugin's %s does: Kairos's boot stage did not run it or failed (journalctl -b -u cos-setup-boot.service)", p, paths.ClusterYipFile)
+			}
+			return Config{}, fmt.Errorf("cluster file %s does not exist: Kairos's boot stage writes it from the cloud-config's cluster: section (none was found at the last boot)", p)
 		}
 		return Config{}, fmt.Errorf("read cluster file %s: %w", p, err)
 	}

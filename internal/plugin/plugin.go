@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	sdkbus "github.com/kairos-io/kairos-sdk/bus"
 	"github.com/kairos-io/kairos-sdk/clusterplugin"
@@ -124,7 +125,17 @@ func (o *Options) onBoot(e *pluggable.Event) pluggable.EventResponse {
 		return fail("agent.boot: %v", err)
 	}
 	if c == nil {
-		fmt.Println("provider-kubernetes: no cluster: section in the cloud-config: nothing to do")
+		// A previous boot's yip config would otherwise keep writing the
+		// old section and starting passes: no section, no pass.
+		file := o.Root.Path(paths.ClusterYipFile)
+		switch err := syscall.Unlink(file); {
+		case err == nil:
+			fmt.Printf("provider-kubernetes: no cluster: section in the cloud-config: removed the previous %s, no reconcile pass will run\n", paths.ClusterYipFile)
+		case errors.Is(err, syscall.ENOENT):
+			fmt.Println("provider-kubernetes: no cluster: section in the cloud-config: nothing to do")
+		default:
+			return fail("agent.boot: no cluster: section, but the previous %s cannot be removed: %v", paths.ClusterYipFile, err)
+		}
 		return pluggable.EventResponse{}
 	}
 	if _, err := c.Validate(); err != nil {

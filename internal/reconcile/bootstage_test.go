@@ -1,0 +1,45 @@
+package reconcile
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/pkg/plan"
+)
+
+// The reconcile unit runs when either the cluster file or the plugin's
+// cluster.kairos.yaml exists. With the plugin's file but no cluster file,
+// Kairos's boot stage did not do its part: the pass says so, once, and
+// runs nothing.
+func TestBootStageFailureIsNamed(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		yipFile bool
+		want    string
+	}{
+		{"the plugin's file without the cluster file", true, "although the plugin's " + paths.ClusterYipFile + " does: Kairos's boot stage did not run it or failed (journalctl -b -u cos-setup-boot.service)"},
+		{"neither file", false, "Kairos's boot stage writes it from the cloud-config's cluster: section (none was found at the last boot)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "")
+			if err := os.Remove(e.node.Path(paths.ClusterFile)); err != nil {
+				t.Fatal(err)
+			}
+			if tc.yipFile {
+				e.node.Write(paths.ClusterYipFile, "#cloud-config\nname: provider-kubernetes\n", 0o600)
+			}
+			res := e.run(Steps{})
+			if res.ExitCode != ExitRefused || res.Plan.Refusal != plan.InvalidPin || !strings.Contains(res.Plan.Message, tc.want) {
+				t.Fatalf("exit %d %+v", res.ExitCode, res.Plan)
+			}
+			if len(e.lines()) != 0 {
+				t.Fatalf("ran %q", e.lines())
+			}
+			if st := e.status(t); !strings.Contains(st.Message, tc.want) {
+				t.Fatalf("status message %q", st.Message)
+			}
+		})
+	}
+}
