@@ -131,6 +131,9 @@ func TokenStrength(tok string) error {
 	if tok == "" {
 		return fmt.Errorf("%w: cluster_token is missing: set a random secret of at least %d characters (e.g. openssl rand -hex 24)", ErrInvalid, MinTokenLength)
 	}
+	if strings.ContainsAny(tok, "<>") {
+		return fmt.Errorf("%w: cluster_token is still a placeholder: replace it with a random secret (e.g. openssl rand -hex 24)", ErrInvalid)
+	}
 	if strings.TrimSpace(tok) != tok || strings.ContainsAny(tok, "\n\r\t") {
 		return fmt.Errorf("%w: cluster_token has leading, trailing or embedded whitespace", ErrInvalid)
 	}
