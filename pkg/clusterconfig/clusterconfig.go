@@ -31,14 +31,15 @@ const MaxSize = 1 << 20
 
 // Cluster is the cluster section, as kairos-sdk's clusterplugin.Cluster
 // carries it (the SDK's Options is Config here, its ProviderOptions
-// ProviderConfig). ClusterToken is a secret: never log a Cluster.
+// ProviderConfig; its env, import_local_images, local_images_path and
+// cluster_config_path are refused). ClusterToken is a secret: never log a
+// Cluster.
 type Cluster struct {
 	ClusterToken     string            `json:"cluster_token,omitempty"`
 	ControlPlaneHost string            `json:"control_plane_host,omitempty"`
 	Role             string            `json:"role,omitempty"`
 	Config           string            `json:"config,omitempty"`
 	ProviderConfig   map[string]string `json:"providerConfig,omitempty"`
-	Env              map[string]string `json:"env,omitempty"`
 	CACerts          []string          `json:"ca_certs,omitempty"`
 }
 
@@ -61,8 +62,16 @@ var keyKinds = map[string]string{
 	"role":               "a string",
 	"config":             "a string",
 	"providerConfig":     "a map of strings",
-	"env":                "a map of strings",
 	"ca_certs":           "a list of strings",
+}
+
+// unsupported are keys of kairos-sdk's clusterplugin.Cluster the provider
+// does not act on: refused by name rather than silently ignored.
+var unsupported = map[string]string{
+	"env":                 "kubelet and kubeadm settings go in config",
+	"import_local_images": "the image's bundled control-plane images are imported by provider-kubernetes-image-import.service",
+	"local_images_path":   "the image's bundled control-plane images are imported by provider-kubernetes-image-import.service",
+	"cluster_config_path": "the plugin always writes " + "/usr/local/cloud-config/cluster.kairos.yaml",
 }
 
 // Parse parses a cluster file: the keys of the cloud-config's cluster:
@@ -137,6 +146,9 @@ func fromNode(n *yaml3.Node) (*Cluster, error) {
 	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i].Value, n.Content[i+1]
+		if why, ok := unsupported[k]; ok && !isNull(v) {
+			return nil, fmt.Errorf("%w: %s is a key of Kairos's cluster schema that provider-kubernetes does not use (%s): remove it", ErrInvalid, k, why)
+		}
 		want, ok := keyKinds[k]
 		if !ok || isNull(v) {
 			continue
@@ -155,7 +167,6 @@ func fromNode(n *yaml3.Node) (*Cluster, error) {
 		Role:             string(s.Role),
 		Config:           s.Options,
 		ProviderConfig:   s.ProviderOptions,
-		Env:              s.Env,
 		CACerts:          s.CACerts,
 	}, nil
 }

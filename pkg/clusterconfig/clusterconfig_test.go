@@ -136,7 +136,7 @@ func FuzzParse(f *testing.F) {
 // decodes (yaml.v3, as the SDK's own cluster plugin does) is what Parse and
 // ParseCloudConfig return, field by field.
 func TestKairosSchema(t *testing.T) {
-	cloud := "#cloud-config\nhostname: cp1\ncluster:\n" + indent(good+"env:\n  HTTP_PROXY: http://proxy:3128\nca_certs:\n- abc\nimport_local_images: true\n", "  ")
+	cloud := "#cloud-config\nhostname: cp1\ncluster:\n" + indent(good+"ca_certs:\n- abc\n", "  ")
 	var want sdk.Config
 	if err := yaml3.Unmarshal([]byte(cloud), &want); err != nil || want.Cluster == nil {
 		t.Fatalf("the SDK's own parser: %v", err)
@@ -148,7 +148,7 @@ func TestKairosSchema(t *testing.T) {
 	w := want.Cluster
 	if got.ClusterToken != w.ClusterToken || got.ControlPlaneHost != w.ControlPlaneHost || got.Role != string(w.Role) ||
 		got.Config != w.Options || fmt.Sprint(got.ProviderConfig) != fmt.Sprint(w.ProviderOptions) ||
-		fmt.Sprint(got.Env) != fmt.Sprint(w.Env) || fmt.Sprint(got.CACerts) != fmt.Sprint(w.CACerts) {
+		fmt.Sprint(got.CACerts) != fmt.Sprint(w.CACerts) {
 		t.Fatalf("got %+v\nthe SDK read %+v", got, w)
 	}
 	if got.ProviderConfig["budget.verify"] != "5m" {
@@ -193,4 +193,23 @@ func indent(s, prefix string) string {
 		b.WriteString(prefix + l + "\n")
 	}
 	return b.String()
+}
+
+// Keys of Kairos's schema the provider does not act on are refused by
+// name, not ignored.
+func TestUnsupportedKairosKeys(t *testing.T) {
+	for _, kv := range []string{"env:\n  HTTP_PROXY: http://proxy:3128\n", "import_local_images: true\n", "local_images_path: /x\n", "cluster_config_path: /etc/x.yaml\n"} {
+		key := strings.SplitN(kv, ":", 2)[0]
+		var s sdk.Cluster
+		if err := yaml3.Unmarshal([]byte(good+kv), &s); err != nil {
+			t.Fatalf("%s: the SDK refuses it: %v", key, err)
+		}
+		_, err := Parse([]byte(good + kv))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), key+" is a key of Kairos's cluster schema that provider-kubernetes does not use") {
+			t.Errorf("%s: %v", key, err)
+		}
+	}
+	if _, err := Parse([]byte(good + "env:\n")); err != nil {
+		t.Errorf("an empty env: %v", err)
+	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/docs"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil/kairos"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 )
@@ -124,7 +125,23 @@ func (c *chroot) write(p string, data []byte, mode os.FileMode) {
 func (c *chroot) run(args ...string) (string, int) {
 	c.t.Helper()
 	// The path is resolved inside the chroot, so give it absolute.
-	cmd := testutil.Command(c.t, 2*time.Minute, "/usr/local/bin/"+args[0], args[1:]...)
+	return c.exec("/usr/local/bin/"+args[0], args[1:]...)
+}
+
+// doc runs the command of docs/page that starts with prefix, from the
+// page's own text, with sh in the chroot.
+func (c *chroot) doc(page, prefix string) (string, int) {
+	c.t.Helper()
+	line, err := docs.Command(page, prefix)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return c.exec("/usr/bin/sh", "-c", line)
+}
+
+func (c *chroot) exec(path string, args ...string) (string, int) {
+	c.t.Helper()
+	cmd := testutil.Command(c.t, 2*time.Minute, path, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: c.root}
 	cmd.Dir = "/"
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/sbin:/usr/bin", "HOME=/root", "TERM=dumb", "BUS_DEBUG=true"}
@@ -301,13 +318,16 @@ func chainChild(t *testing.T, dir string) {
 	if log := string(c.read("/run/systemctl.log")); log != "start --no-block "+paths.ReconcileUnit+"\n" {
 		t.Fatalf("the boot stage ran systemctl %q", log)
 	}
+	if out, code := c.doc("cloud-config.md", "stat "); code != 0 || out != "600 root "+paths.ClusterYipFile+"\n" {
+		t.Fatalf("docs/cloud-config.md's stat: exit %d %q", code, out)
+	}
 	t.Logf("initramfs + boot stage: the plugin wrote %s, the boot stage the cluster file and one systemctl start", paths.ClusterYipFile)
 
 	// Over 8 KiB: kairos-agent hands the data over in a file.
 	big := cloudConfig(section("init", "v1.36.3") + "write_files:\n- path: /etc/motd\n  content: |\n" +
 		strings.Repeat("    a line of a large cloud-config that pushes the payload over eight KiB\n", 200))
 	c.write(kairos.OEMCloudConfig, big, 0o600)
-	out, code = c.run("kairos-agent", "notify", "agent.boot")
+	out, code = c.doc("cloud-config.md", "kairos-agent notify agent.boot")
 	noSecret(t, "kairos-agent notify (over 8 KiB)", out)
 	if code != 0 || !strings.Contains(out, "cluster section valid (role init") {
 		t.Fatalf("notify over 8 KiB: exit %d\n%s", code, out)
@@ -326,7 +346,7 @@ func chainChild(t *testing.T, dir string) {
 		"config as a map, not string": strings.Replace(section("init", "v1.37.2"), "config: |", "config:", 1),
 	} {
 		c.write(kairos.OEMCloudConfig, cloudConfig(bad), 0o600)
-		out, code = c.run("kairos-agent", "notify", "agent.boot")
+		out, code = c.doc("cloud-config.md", "kairos-agent notify agent.boot")
 		noSecret(t, "kairos-agent notify ("+name+")", out)
 		if code == 0 || !strings.Contains(out, "Provider kubernetes at /system/providers/agent-provider-kubernetes had an error: agent.boot: ") {
 			t.Fatalf("%s: exit %d\n%s", name, code, out)
@@ -350,6 +370,19 @@ func chainChild(t *testing.T, dir string) {
 		if err != nil || got.Role != role {
 			t.Fatalf("example %s: the plugin wrote %+v %v", role, got, err)
 		}
+	}
+
+	// docs/cloud-config.md's pin bump, from 1.36.3 to 1.37.2, is an edit
+	// the plugin then accepts.
+	c.write(kairos.OEMCloudConfig, cloudConfig(section("init", "v1.36.3")), 0o600)
+	if out, code := c.doc("cloud-config.md", "sed -i"); code != 0 {
+		t.Fatalf("docs/cloud-config.md's sed: exit %d %s", code, out)
+	}
+	if want := cloudConfig(section("init", "v1.37.2")); !bytes.Equal(c.read(kairos.OEMCloudConfig), want) {
+		t.Fatalf("the documented pin bump left:\n%s", c.read(kairos.OEMCloudConfig))
+	}
+	if out, code := c.doc("cloud-config.md", "kairos-agent notify agent.boot"); code != 0 || !bytes.Contains(c.yipFile(), []byte("kubernetesVersion: v1.37.2")) {
+		t.Fatalf("after the pin bump: exit %d\n%s", code, out)
 	}
 
 	// Kairos's reset events reach the provider, which changes nothing (a
