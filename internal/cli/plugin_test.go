@@ -300,10 +300,43 @@ func TestPluginBootRejectsBadSections(t *testing.T) {
 				t.Fatalf("not one clear error: %q", r.resp.Error)
 			}
 			noPluginSecrets(t, r)
+			// This boot runs the previous section: the refusal is kept for
+			// the reconcile pass to report, and nothing else changes.
+			marker := filepath.Join(root, paths.PluginError)
+			st, err := os.Lstat(marker)
+			if err != nil || st.Mode().Perm() != 0o600 {
+				t.Fatalf("%s: %v %v", paths.PluginError, st, err)
+			}
+			if b, _ := os.ReadFile(marker); string(b) != r.resp.Error+"\n" {
+				t.Fatalf("%s holds %q, want the response's error", paths.PluginError, b)
+			}
+			if err := os.RemoveAll(filepath.Join(root, "run")); err != nil {
+				t.Fatal(err)
+			}
 			if after := inventoryOf(t, root); fmt.Sprint(after) != fmt.Sprint(before) {
 				t.Fatalf("files changed:\n%v\n%v", before, after)
 			}
 		})
+	}
+}
+
+// A refused section's record goes once a section is accepted again.
+func TestPluginBootClearsTheRecordedRefusal(t *testing.T) {
+	root := t.TempDir()
+	r := execPlugin(t, root, "/system/providers/"+plugin.BinaryName, "agent.boot", bootEvent(cloudConfig(strings.Replace(goodCluster, "role: init", "role: master", 1))))
+	if r.resp.Error == "" {
+		t.Fatal("a bad role accepted")
+	}
+	marker := filepath.Join(root, paths.PluginError)
+	if _, err := os.Lstat(marker); err != nil {
+		t.Fatal(err)
+	}
+	r = execPlugin(t, root, "/system/providers/"+plugin.BinaryName, "agent.boot", bootEvent(cloudConfig(goodCluster)))
+	if r.resp.Error != "" {
+		t.Fatal(r.resp.Error)
+	}
+	if _, err := os.Lstat(marker); !os.IsNotExist(err) {
+		t.Fatalf("%s survived an accepted section: %v", paths.PluginError, err)
 	}
 }
 

@@ -114,7 +114,26 @@ type bootPayload struct {
 	Config string `json:"config"`
 }
 
+// onBoot answers agent.boot. A refused section leaves the previous yip
+// config in place (this boot runs the previous section), so the refusal is
+// also recorded in paths.PluginError for the reconcile pass to report; an
+// accepted section, or none, clears it.
 func (o *Options) onBoot(e *pluggable.Event) pluggable.EventResponse {
+	resp := o.boot(e)
+	marker := o.Root.Path(paths.PluginError)
+	if resp.Error == "" {
+		if err := syscall.Unlink(marker); err != nil && !errors.Is(err, syscall.ENOENT) {
+			return fail("agent.boot: remove %s: %v", paths.PluginError, err)
+		}
+		return resp
+	}
+	if err := fsutil.MkdirAllMode(filepath.Dir(marker), 0o755); err == nil {
+		_ = fsutil.WriteFileAtomic(marker, []byte(resp.Error+"\n"), 0o600)
+	}
+	return resp
+}
+
+func (o *Options) boot(e *pluggable.Event) pluggable.EventResponse {
 	var p bootPayload
 	if err := json.Unmarshal([]byte(e.Data), &p); err != nil {
 		return fail("agent.boot: the event data is not {\"config\": \"<cloud-config>\"}: %s", clusterconfig.RedactYAMLError(err))

@@ -43,3 +43,20 @@ func TestBootStageFailureIsNamed(t *testing.T) {
 		})
 	}
 }
+
+// The plugin refused this boot's section (agent.boot failed) and the boot
+// stage wrote the previous one: the pass refuses, quoting the plugin's
+// error, and runs nothing.
+func TestRefusedSectionIsReported(t *testing.T) {
+	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
+	const plugin = "agent.boot: cluster: invalid cluster config: role is not init, controlplane or worker"
+	e.node.Write(paths.PluginError, plugin+"\n", 0o600)
+	res := e.run(Steps{})
+	if res.ExitCode != ExitRefused || res.Plan.Refusal != plan.InvalidPin ||
+		!strings.Contains(res.Plan.Message, "the cloud-config's cluster: section was refused at boot ("+plugin+"); the cluster file holds the previous section, so nothing runs") {
+		t.Fatalf("exit %d %+v", res.ExitCode, res.Plan)
+	}
+	if len(e.lines()) != 0 {
+		t.Fatalf("ran %q", e.lines())
+	}
+}

@@ -354,11 +354,16 @@ func chainChild(t *testing.T, dir string) {
 		if after := c.read(paths.ClusterYipFile); !bytes.Equal(after, before) {
 			t.Fatalf("%s: the previous %s changed", name, paths.ClusterYipFile)
 		}
+		// Recorded for the reconcile pass, which then refuses.
+		if rec := string(c.read(paths.PluginError)); !strings.Contains(out, strings.TrimSpace(rec)) || !strings.HasPrefix(rec, "agent.boot: ") {
+			t.Fatalf("%s: %s holds %q", name, paths.PluginError, rec)
+		}
 		t.Logf("%s: kairos-agent exit %d: %s", name, code, lastLine(out, "had an error"))
 	}
 
 	// The example cloud-configs an operator copies, filled in, through the
-	// real agent and plugin.
+	// real agent and plugin; the first accepted section clears the bad
+	// ones' record.
 	for role, ex := range examples(t) {
 		c.write(kairos.OEMCloudConfig, fill(ex), 0o600)
 		out, code := c.run("kairos-agent", "notify", "agent.boot")
@@ -369,6 +374,9 @@ func chainChild(t *testing.T, dir string) {
 		got, err := clusterconfig.Parse(sectionOf(t, c.yipFile()))
 		if err != nil || got.Role != role {
 			t.Fatalf("example %s: the plugin wrote %+v %v", role, got, err)
+		}
+		if _, err := os.Lstat(c.path(paths.PluginError)); !os.IsNotExist(err) {
+			t.Fatalf("example %s: an accepted section left %s: %v", role, paths.PluginError, err)
 		}
 	}
 
@@ -383,6 +391,9 @@ func chainChild(t *testing.T, dir string) {
 	}
 	if out, code := c.doc("cloud-config.md", "kairos-agent notify agent.boot"); code != 0 || !bytes.Contains(c.yipFile(), []byte("kubernetesVersion: v1.37.2")) {
 		t.Fatalf("after the pin bump: exit %d\n%s", code, out)
+	}
+	if _, err := os.Lstat(c.path(paths.PluginError)); !os.IsNotExist(err) {
+		t.Fatalf("an accepted section left %s: %v", paths.PluginError, err)
 	}
 
 	// Kairos's reset events reach the provider, which changes nothing (a
