@@ -7,11 +7,11 @@ import "path/filepath"
 
 // Host paths, as on a node.
 const (
-	RunDir         = "/run/provider-kubernetes"
-	ClusterFile    = RunDir + "/cluster.yaml"
+	RunDir      = "/run/provider-kubernetes"
+	ClusterFile = RunDir + "/cluster.yaml"
 	// PluginError holds the plugin's one-line error when it refused this
 	// boot's cluster: section (the boot then runs the previous section).
-	PluginError = RunDir + "/agent-boot-error"
+	PluginError    = RunDir + "/agent-boot-error"
 	StatusFile     = RunDir + "/status.yaml"
 	LockFile       = RunDir + "/reconcile.lock"
 	TmpDir         = RunDir + "/tmp" // tmpfs: generated kubeadm configs, 0700
