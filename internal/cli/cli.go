@@ -15,10 +15,9 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/bootstrap"
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/joinconfig"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
@@ -251,17 +250,16 @@ func reconcileLogger(r paths.Root, also io.Writer) (*slog.Logger, io.Closer, err
 	return slog.New(slog.NewTextHandler(w, nil)), f, nil
 }
 
-// OpenLog opens the reconcile log for appending, 0640, never through a symlink.
+// OpenLog opens the reconcile log for appending, 0640: never through a
+// symlink, never a FIFO or device, never a file with a second hard link or
+// another owner; a looser mode found there is set back to 0640, so nobody
+// else can forge its lines.
 func OpenLog(r paths.Root) (*os.File, error) {
 	p := r.Path(paths.ReconcileLog)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return nil, err
 	}
-	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_APPEND|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o640)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: p, Err: err}
-	}
-	return os.NewFile(uintptr(fd), p), nil
+	return fsutil.OpenAppend(p, 0o640)
 }
 
 // versionFlag is a version or "unknown", remembered only when set.

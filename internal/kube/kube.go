@@ -59,7 +59,9 @@ func load(root paths.Root, kc string, timeout time.Duration) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse %s: %w", kc, err)
 	}
-	rebase(root, cfg)
+	if err := inline(root, cfg); err != nil {
+		return nil, fmt.Errorf("%s: %w", kc, err)
+	}
 	rc, err := clientcmd.NewDefaultClientConfig(*cfg, &clientcmd.ConfigOverrides{}).ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("client config %s: %w", kc, err)
@@ -73,36 +75,60 @@ func load(root paths.Root, kc string, timeout time.Duration) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("clientset %s: %w", kc, err)
 	}
-	return &Client{Clientset: cs, Kubeconfig: kc, NodeName: nodeName(root, rc), Server: rc.Host}, nil
+	return &Client{Clientset: cs, Kubeconfig: kc, NodeName: nodeName(rc), Server: rc.Host}, nil
 }
 
-func rebase(root paths.Root, cfg *clientcmdapi.Config) {
-	re := func(p string) string {
-		if strings.HasPrefix(p, "/") {
-			return root.Path(p)
+// inline reads every file a kubeconfig names (CA, client certificate and
+// key, token file) under the root through the provider's checked open, and
+// puts the content into the config: client-go would otherwise open them
+// itself, following symlinks and blocking on a planted FIFO.
+func inline(root paths.Root, cfg *clientcmdapi.Config) error {
+	read := func(p string) ([]byte, error) {
+		if !strings.HasPrefix(p, "/") {
+			return nil, fmt.Errorf("%q is not an absolute path", p)
 		}
-		return p
+		b, err := fsutil.ReadFileNoFollow(root.Path(p), 1<<20)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", p, err)
+		}
+		return b, nil
 	}
+	var err error
 	for _, c := range cfg.Clusters {
-		c.CertificateAuthority = re(c.CertificateAuthority)
+		if c.CertificateAuthority != "" {
+			if c.CertificateAuthorityData, err = read(c.CertificateAuthority); err != nil {
+				return err
+			}
+			c.CertificateAuthority = ""
+		}
 	}
 	for _, a := range cfg.AuthInfos {
-		a.ClientCertificate = re(a.ClientCertificate)
-		a.ClientKey = re(a.ClientKey)
-		a.TokenFile = re(a.TokenFile)
+		if a.ClientCertificate != "" {
+			if a.ClientCertificateData, err = read(a.ClientCertificate); err != nil {
+				return err
+			}
+			a.ClientCertificate = ""
+		}
+		if a.ClientKey != "" {
+			if a.ClientKeyData, err = read(a.ClientKey); err != nil {
+				return err
+			}
+			a.ClientKey = ""
+		}
+		if a.TokenFile != "" {
+			b, err := read(a.TokenFile)
+			if err != nil {
+				return err
+			}
+			a.Token, a.TokenFile = strings.TrimSpace(string(b)), ""
+		}
 	}
+	return nil
 }
 
 // nodeName is the CN of a node client certificate ("system:node:NAME").
-func nodeName(root paths.Root, rc *rest.Config) string {
+func nodeName(rc *rest.Config) string {
 	data := rc.TLSClientConfig.CertData
-	if len(data) == 0 && rc.TLSClientConfig.CertFile != "" {
-		b, err := fsutil.ReadFileNoFollow(rc.TLSClientConfig.CertFile, 1<<20)
-		if err != nil {
-			return ""
-		}
-		data = b
-	}
 	for len(data) > 0 {
 		var blk *pem.Block
 		blk, data = pem.Decode(data)

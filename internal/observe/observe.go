@@ -252,7 +252,7 @@ func (o *Observer) WorkerVersion(ctx context.Context, client *kube.Client) (vers
 
 // Hostname is the node's hostname from /proc under the root.
 func (o *Observer) Hostname() string {
-	b, err := os.ReadFile(o.Root.Path(paths.Hostname))
+	b, err := fsutil.ReadFileNoFollow(o.Root.Path(paths.Hostname), 64<<10)
 	if err != nil {
 		return ""
 	}
@@ -261,7 +261,7 @@ func (o *Observer) Hostname() string {
 
 // BootID is this boot's id, or "".
 func (o *Observer) BootID() string {
-	b, err := os.ReadFile(o.Root.Path(paths.BootID))
+	b, err := fsutil.ReadFileNoFollow(o.Root.Path(paths.BootID), 64<<10)
 	if err != nil {
 		return ""
 	}

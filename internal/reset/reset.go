@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
@@ -78,7 +79,7 @@ func Run(ctx context.Context, o Options) Result {
 		o.KubeadmTimeout = DefaultKubeadmTimeout
 	}
 	doc := status.Document{Phase: status.PhaseResetFailed, LastAction: "reset"}
-	if b, err := os.ReadFile(o.Root.Path(paths.BootID)); err == nil {
+	if b, err := fsutil.ReadFileNoFollow(o.Root.Path(paths.BootID), 64<<10); err == nil {
 		doc.BootID = strings.TrimSpace(string(b))
 	}
 	finish := func(reason string, err error) Result {

@@ -1,0 +1,160 @@
+package cli
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	pluggable "github.com/mudler/go-pluggable"
+
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/plugin"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+)
+
+// cliLimit bounds one command over a sandbox with a special file planted:
+// a hang guard (the process is killed), far above what the refusal takes.
+const cliLimit = 30 * time.Second
+
+type cliRun struct {
+	code           int
+	stdout, stderr string
+	took           time.Duration
+}
+
+// execCLI runs the test binary as the command line (TestMain hands it to
+// entry) in its own process, so a command that hangs is killed at the
+// bound instead of taking the test binary with it.
+func execCLI(t *testing.T, args ...string) cliRun {
+	t.Helper()
+	cmd := testutil.Command(t, cliLimit, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), pluginRootEnv+"=/")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	start := time.Now()
+	err := cmd.Run()
+	r := cliRun{code: cmd.ProcessState.ExitCode(), stdout: out.String(), stderr: errb.String(), took: time.Since(start)}
+	if err != nil && r.code == -1 {
+		t.Fatalf("%v: killed after %s (hung?): %v\n%s", args, r.took, err, r.stderr)
+	}
+	return r
+}
+
+// TestCommandsRefuseSpecialFilesAtOnce: a FIFO (or socket, or directory)
+// at a path a command reads or appends to is a clear error naming the path,
+// within milliseconds; before, the open blocked forever.
+func TestCommandsRefuseSpecialFilesAtOnce(t *testing.T) {
+	cases := []struct {
+		name  string
+		setup func(n *testutil.Node)
+		path  string
+		args  []string
+		code  int
+		// out is what stdout or stderr must hold besides "<path> is a FIFO".
+		out string
+	}{
+		{"reconcile log", nil, paths.ReconcileLog, []string{"reconcile"}, reconcile.ExitFailed, "open reconcile log"},
+		{"cluster file", func(n *testutil.Node) { n.Bundle("v1.37.2") }, paths.ClusterFile, []string{"reconcile"}, reconcile.ExitRefused, "refuse-bootstrap"},
+		{"plan's cluster file", func(n *testutil.Node) { n.Bundle("v1.37.2") }, paths.ClusterFile, []string{"plan"}, reconcile.ExitRefused, "REFUSE InvalidPin"},
+		{"bundle manifest", func(n *testutil.Node) { n.ClusterFile("init", "v1.37.2", "") }, paths.BundleManifest, []string{"plan"}, reconcile.ExitRefused, "BundledVersionUnknown"},
+		{"status file", nil, paths.StatusFile, []string{"status"}, reconcile.ExitFailed, "status:"},
+		{"etcd manifest", nil, paths.EtcdManifest, []string{"etcd-snapshot", "--target", "v1.37.2"}, reconcile.ExitFailed, "outcome=failed"},
+		{"join-config's cluster file", nil, paths.ClusterFile, []string{"join-config", "--role", "worker"}, reconcile.ExitFailed, "join-config:"},
+		{"reset's boot id", func(n *testutil.Node) { n.Write(paths.Kubeadm, "#!/bin/sh\nexit 0\n", 0o755) }, paths.BootID, []string{"reset", "--yes"}, reconcile.ExitOK, "Phase:           Reset"},
+	}
+	for _, c := range cases {
+		for _, kind := range []string{testutil.FIFO, testutil.Socket, testutil.Directory} {
+			if kind != testutil.FIFO && c.path != paths.ReconcileLog && c.path != paths.StatusFile {
+				continue
+			}
+			t.Run(c.name+"/"+kind, func(t *testing.T) {
+				n := testutil.NewNode(t, "n1")
+				testutil.ShortRoot(t, n)
+				if c.setup != nil {
+					c.setup(n)
+				}
+				full := n.Path(c.path)
+				_ = os.Remove(full)
+				testutil.Plant(t, full, kind)
+				r := execCLI(t, append(c.args, "--root", n.Root)...)
+				t.Logf("%s: exit %d in %s", c.args[0], r.code, r.took)
+				all := r.stdout + r.stderr
+				if r.code != c.code || !strings.Contains(all, c.out) {
+					t.Fatalf("exit %d (want %d), want %q in:\n%s", r.code, c.code, c.out, all)
+				}
+				if c.path == paths.BootID {
+					return // optional: the reset goes on without it
+				}
+				what := map[string]string{testutil.FIFO: "a FIFO", testutil.Socket: "a socket", testutil.Directory: "a directory"}[kind]
+				if !strings.Contains(all, full+" is "+what) {
+					t.Fatalf("nothing names %q:\n%s", full+" is "+what, all)
+				}
+			})
+		}
+	}
+}
+
+// The event file kairos-agent hands over for data over 8 KiB: a FIFO there
+// is refused at once, naming it.
+func TestPluginRefusesAFIFOAsTheEventFile(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "pluggable123")
+	testutil.Plant(t, fifo, testutil.FIFO)
+	root := t.TempDir()
+	start := time.Now()
+	r := execPlugin(t, root, "/system/providers/"+plugin.BinaryName, "agent.boot", pluggable.Event{Name: plugin.EventBoot, File: fifo})
+	if r.code == 0 || !strings.Contains(r.resp.Error, fifo+" is a FIFO") {
+		t.Fatalf("%+v", r)
+	}
+	if took := time.Since(start); took > cliLimit/2 {
+		t.Fatalf("took %s", took)
+	}
+	if entries, _ := os.ReadDir(root); len(entries) != 0 {
+		t.Fatalf("wrote %v", entries)
+	}
+}
+
+// TestReconcileLogHardLinkAndLooseMode: a hard link planted at the
+// reconcile log never makes the provider append to the linked file, and a
+// log that existed world-writable (anyone could forge its
+// "etcd-snapshot outcome=" lines) gets its 0640 back.
+func TestReconcileLogHardLinkAndLooseMode(t *testing.T) {
+	t.Run("hard link", func(t *testing.T) {
+		n := testutil.NewNode(t, "n1")
+		victim := filepath.Join(t.TempDir(), "passwd")
+		const data = "root:x:0:0:root:/root:/bin/sh\n"
+		if err := os.WriteFile(victim, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(n.Path("/var/log"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Link(victim, n.Path(paths.ReconcileLog)); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{{"reconcile"}, {"reset", "--yes"}, {"etcd-snapshot", "--target", "v1.37.2"}} {
+			code, _, errOut := run(append(args, "--root", n.Root)...)
+			if code != reconcile.ExitFailed || !strings.Contains(errOut, "open reconcile log") || !strings.Contains(errOut, "hard link") {
+				t.Fatalf("%v: exit %d %s", args, code, errOut)
+			}
+		}
+		if b, _ := os.ReadFile(victim); string(b) != data {
+			t.Fatalf("appended to the linked file: %q", b)
+		}
+	})
+	t.Run("loose mode", func(t *testing.T) {
+		n := testutil.NewNode(t, "n1")
+		n.Write(paths.ReconcileLog, "forged etcd-snapshot outcome=taken\n", 0o666)
+		if err := os.Chmod(n.Path(paths.ReconcileLog), 0o666); err != nil {
+			t.Fatal(err)
+		}
+		run("reconcile", "--root", n.Root)
+		st, err := os.Stat(n.Path(paths.ReconcileLog))
+		if err != nil || st.Mode().Perm() != 0o640 {
+			t.Fatalf("log mode %v %v", st.Mode(), err)
+		}
+	})
+}
