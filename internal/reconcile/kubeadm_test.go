@@ -56,8 +56,8 @@ func TestRealKubeadmAcceptsTheUpgradeCommandLines(t *testing.T) {
 	// The operator's preflight choice travels in upgradeConfiguration, never as a hard-coded flag.
 	extra := "  upgradeConfiguration:\n    apply:\n      ignorePreflightErrors: [all]\n    node:\n      ignorePreflightErrors: [all]\n"
 	for _, tc := range []struct{ name, cluster, want string }{
-		{"apply", "v1.36.3", "/usr/bin/kubeadm upgrade apply v1.37.2 --yes --config " + UpgradeConfigPath},
-		{"node", "v1.37.2", "/usr/bin/kubeadm upgrade node --config " + UpgradeConfigPath},
+		{"apply", "v1.36.3", "/usr/bin/kubeadm upgrade apply v1.37.2 --yes --config "},
+		{"node", "v1.37.2", "/usr/bin/kubeadm upgrade node --config "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", tc.cluster, extra)
@@ -65,13 +65,9 @@ func TestRealKubeadmAcceptsTheUpgradeCommandLines(t *testing.T) {
 			ran := 0
 			e.rec.Reply = func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
 				if c.Path == paths.Kubeadm {
-					args := append([]string{}, c.Args...)
-					for i := range args {
-						if args[i] == UpgradeConfigPath {
-							args[i] = e.node.Path(UpgradeConfigPath) // the file the pass wrote, in the sandbox
-						}
-					}
-					args = append(args, "--dry-run")
+					// The exact arguments: the config's path is already
+					// re-based on the sandbox root.
+					args := append(append([]string{}, c.Args...), "--dry-run")
 					cctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 					defer cancel()
 					cmd := exec.CommandContext(cctx, kubeadm, args...)
@@ -91,8 +87,8 @@ func TestRealKubeadmAcceptsTheUpgradeCommandLines(t *testing.T) {
 			if res.ExitCode != ExitOK || ran != 1 {
 				t.Fatalf("exit %d, kubeadm ran %d: %v", res.ExitCode, ran, res.Err)
 			}
-			if got := e.lines()[0]; got != tc.want {
-				t.Fatalf("command %q, want %q", got, tc.want)
+			if got, want := e.lines()[0], tc.want+e.node.Path(UpgradeConfigPath); got != want {
+				t.Fatalf("command %q, want %q", got, want)
 			}
 		})
 	}

@@ -60,6 +60,9 @@ const (
 	ReasonBootstrapUnavailable    = "BootstrapUnavailable"
 	ReasonBootstrapFailed         = "BootstrapFailed"
 	ReasonConfigFailed            = "ConfigInvalid"
+	// ReasonInterrupted: SIGTERM or SIGINT ended the pass (its context was
+	// cancelled, the running command killed with its process group).
+	ReasonInterrupted = "Interrupted"
 )
 
 // ErrLocked is returned when another pass holds the lock.
@@ -156,18 +159,18 @@ func Lock(root paths.Root) (func(), error) {
 	if err := fsutil.MkdirAllMode(filepath.Dir(lp), 0o755); err != nil {
 		return nil, fmt.Errorf("lock dir: %w", err)
 	}
-	fd, err := unix.Open(lp, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	f, err := fsutil.OpenOwned(lp, unix.O_RDWR, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", paths.LockFile, err)
+		return nil, fmt.Errorf("lock file: %w", err)
 	}
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		unix.Close(fd)
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil, ErrLocked
 		}
 		return nil, fmt.Errorf("flock %s: %w", paths.LockFile, err)
 	}
-	return func() { unix.Close(fd) }, nil
+	return func() { f.Close() }, nil
 }
 
 func (p *pass) clusterBudget() wait.Budget {
@@ -176,10 +179,14 @@ func (p *pass) clusterBudget() wait.Budget {
 
 func (p *pass) run(ctx context.Context) Result {
 	obs := Gather(ctx, p.obs, Overrides{}, p.clusterBudget())
+	if err := interrupted(ctx); err != nil {
+		// What was observed after the signal is not to be decided on.
+		return p.fail(ctx, obs, plan.Plan{}, "observe", ReasonInterrupted, err)
+	}
 	if obs.Config.Cluster != nil {
 		b, err := p.Budgets.WithOverrides(obs.Config.Cluster.ProviderConfig)
 		if err != nil {
-			return p.fail(obs, plan.Plan{}, "", ReasonConfigFailed, err)
+			return p.fail(ctx, obs, plan.Plan{}, "", ReasonConfigFailed, err)
 		}
 		p.Budgets = b
 	}
@@ -189,14 +196,17 @@ func (p *pass) run(ctx context.Context) Result {
 
 	if pl.Redecide {
 		if err := p.act(ctx, obs, pl); err != nil {
-			return p.fail(obs, pl, string(plan.ActionRepairKubelet), ReasonRepairFailed, err)
+			return p.fail(ctx, obs, pl, string(plan.ActionRepairKubelet), ReasonRepairFailed, err)
 		}
 		obs = Gather(ctx, p.obs, Overrides{}, p.clusterBudget())
 		obs.Budgets = p.Budgets
+		if err := interrupted(ctx); err != nil {
+			return p.fail(ctx, obs, pl, "observe", ReasonInterrupted, err)
+		}
 		pl = plan.Decide(images.Window(), obs.Facts)
 		p.logPlan(obs, pl)
 		if pl.Redecide {
-			return p.fail(obs, pl, string(plan.ActionRepairKubelet), ReasonClusterVersionUnknown,
+			return p.fail(ctx, obs, pl, string(plan.ActionRepairKubelet), ReasonClusterVersionUnknown,
 				fmt.Errorf("the cluster version is still unknown after the kubelet repair: %s", strings.Join(obs.Notes, "; ")))
 		}
 	}
@@ -232,9 +242,9 @@ func (p *pass) run(ctx context.Context) Result {
 	if err := p.act(ctx, obs, pl); err != nil {
 		var se *stepError
 		if errors.As(err, &se) {
-			return p.fail(obs, pl, string(se.action), se.reason, se.err)
+			return p.fail(ctx, obs, pl, string(se.action), se.reason, se.err)
 		}
-		return p.fail(obs, pl, "", ReasonKubeadmFailed, err)
+		return p.fail(ctx, obs, pl, "", ReasonKubeadmFailed, err)
 	}
 	p.setDoc(obs, pl, status.PhaseConverged)
 	p.doc.NodeVersion = pl.Pin.String()
@@ -255,6 +265,9 @@ func (e *stepError) Unwrap() error { return e.err }
 
 func (p *pass) act(ctx context.Context, obs Observation, pl plan.Plan) error {
 	for _, a := range pl.Actions {
+		if err := interrupted(ctx); err != nil {
+			return &stepError{action: a, reason: ReasonInterrupted, err: err}
+		}
 		p.doc.LastAction = string(a)
 		p.writeStatus()
 		start := p.Clock.Now()
@@ -385,7 +398,8 @@ func (p *pass) kubeadmUpgrade(ctx context.Context, obs Observation, args []strin
 			return err
 		}
 		defer os.Remove(full)
-		args = append(args, "--config", UpgradeConfigPath)
+		// The path kubeadm opens: re-based on the root like every host path.
+		args = append(args, "--config", full)
 	}
 	// kubeadm's preflight changes nothing: a failure there (a health-check
 	// Job that did not complete while the node settles after its boot) is
@@ -423,7 +437,8 @@ func preflightFailure(res runner.Result) bool {
 }
 
 // keepOutput appends a kubeadm command's sanitized output to
-// /var/log/provider-kubernetes-kubeadm.log (0600, never through a symlink):
+// /var/log/provider-kubernetes-kubeadm.log (0600, never through a symlink,
+// a hard link, a FIFO or into another user's file):
 // the reconcile log carries one line per event, this file the detail an
 // operator needs to see why kubeadm failed.
 func (p *pass) keepOutput(cmd runner.Cmd, res runner.Result, err error) {
@@ -431,12 +446,11 @@ func (p *pass) keepOutput(cmd runner.Cmd, res runner.Result, err error) {
 	if mkErr := os.MkdirAll(filepath.Dir(full), 0o755); mkErr != nil {
 		return
 	}
-	fd, oerr := unix.Open(full, unix.O_WRONLY|unix.O_APPEND|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	f, oerr := fsutil.OpenAppend(full, 0o600)
 	if oerr != nil {
 		p.Log.Warn("kubeadm-log-unwritable", "error", oerr.Error())
 		return
 	}
-	f := os.NewFile(uintptr(fd), full)
 	defer f.Close()
 	outcome := "ok"
 	if err != nil {
@@ -478,7 +492,29 @@ func (p *pass) waitForCluster(ctx context.Context, obs Observation, target versi
 	return err
 }
 
-func (p *pass) fail(obs Observation, pl plan.Plan, action, reason string, err error) Result {
+// interrupted returns why ctx was cancelled when a signal (not the pass
+// bound) ended it: signal.NotifyContext's cause names the signal.
+func interrupted(ctx context.Context) error {
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		return nil
+	}
+	if c := context.Cause(ctx); c != nil {
+		return c
+	}
+	return ctx.Err()
+}
+
+func (p *pass) fail(ctx context.Context, obs Observation, pl plan.Plan, action, reason string, err error) Result {
+	// A step that failed because a signal cancelled the pass was
+	// interrupted, whatever error the interrupted command left.
+	if cause := interrupted(ctx); cause != nil {
+		reason = ReasonInterrupted
+		at := action
+		if at == "" {
+			at = "the pass"
+		}
+		err = fmt.Errorf("interrupted (%v) during %s: any running command was killed with its process group; the next pass decides again", cause, at)
+	}
 	p.setDoc(obs, pl, status.PhaseFailed)
 	p.doc.Reason = reason
 	p.doc.Message = runner.Sanitize(err.Error(), 1000)

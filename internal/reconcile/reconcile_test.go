@@ -246,19 +246,20 @@ func TestUpgradeConfigurationIsHandedToKubeadm(t *testing.T) {
 	inner := e.rec.Reply
 	e.rec.Reply = func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
 		if strings.HasPrefix(c.String(), "/usr/bin/kubeadm upgrade") {
-			full := e.node.Path(UpgradeConfigPath)
+			full := c.Args[len(c.Args)-1] // the path kubeadm is handed
 			st, err := os.Stat(full)
 			if err != nil || st.Mode().Perm() != 0o600 {
 				t.Errorf("config file %v mode %v", err, st)
 			}
-			seen = e.node.Read(UpgradeConfigPath)
+			b, _ := os.ReadFile(full)
+			seen = string(b)
 		}
 		return inner(ctx, c)
 	}
 	if res := e.run(Steps{}); res.ExitCode != ExitOK {
 		t.Fatalf("exit %d %v", res.ExitCode, res.Err)
 	}
-	want := "/usr/bin/kubeadm upgrade apply v1.37.2 --yes --config " + UpgradeConfigPath
+	want := "/usr/bin/kubeadm upgrade apply v1.37.2 --yes --config " + e.node.Path(UpgradeConfigPath)
 	if got := e.lines(); got[0] != want {
 		t.Fatalf("command %q, want %q", got[0], want)
 	}

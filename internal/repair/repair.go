@@ -116,7 +116,7 @@ func (r *Repairer) Repair(ctx context.Context, in Input) ([]string, error) {
 	if err := fsutil.WriteFileAtomic(full, cfg, 0o600); err != nil {
 		return warnings, err
 	}
-	_, err = r.Runner.Run(ctx, runner.Cmd{Path: paths.Kubeadm, Args: []string{"init", "phase", "kubelet-start", "--config", ConfigPath}, Timeout: r.Budgets.KubeletStart})
+	_, err = r.Runner.Run(ctx, runner.Cmd{Path: paths.Kubeadm, Args: []string{"init", "phase", "kubelet-start", "--config", full}, Timeout: r.Budgets.KubeletStart})
 	os.Remove(full)
 	if err != nil {
 		r.Log.Error(EventKubeletStart, "outcome", "failed", "error", runner.Sanitize(err.Error(), 400))
@@ -222,7 +222,7 @@ func (r *Repairer) scan(in Input) []string {
 		}
 	}
 	if in.Target.MinorOf().Minor >= 35 {
-		if mi, err := os.ReadFile(r.Root.Path("/proc/self/mountinfo")); err == nil {
+		if mi, err := fsutil.ReadFileNoFollow(r.Root.Path("/proc/self/mountinfo"), 16<<20); err == nil {
 			if v1, err := CgroupV1(mi); err == nil && v1 && !failCgroupV1False(in.Kubeadm) {
 				r.Log.Warn(EventCgroupV1, "fail_cgroup_v1", "unset")
 				warnings = append(warnings, fmt.Sprintf("this host runs cgroup v1 and kubeletConfiguration does not set failCgroupV1: false: the kubelet %s refuses to start", in.Target))

@@ -237,10 +237,14 @@ func newRig(t *testing.T, healthyAfterStart bool) *rig {
 	g := &rig{node: testutil.NewNode(t, "w1"), clock: testutil.NewClock(), kl: newKubelet(t)}
 	g.rec = &runner.Recorder{Reply: func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
 		if strings.HasPrefix(c.String(), "/usr/bin/kubeadm init phase kubelet-start") {
-			st, err := os.Stat(g.node.Path(ConfigPath))
+			// The file kubeadm is handed, at the path it is handed (the
+			// host path re-based on the sandbox root).
+			cfg := c.Args[len(c.Args)-1]
+			st, err := os.Stat(cfg)
 			if err == nil {
 				g.mode = st.Mode().Perm()
-				g.seen = g.node.Read(ConfigPath)
+				b, _ := os.ReadFile(cfg)
+				g.seen = string(b)
 			}
 		}
 		if c.String() == "/usr/bin/systemctl restart kubelet" && healthyAfterStart {
@@ -254,7 +258,11 @@ func newRig(t *testing.T, healthyAfterStart bool) *rig {
 	return g
 }
 
-var repairLines = []string{"/usr/bin/kubeadm init phase kubelet-start --config " + ConfigPath, "/usr/bin/systemctl daemon-reload", "/usr/bin/systemctl restart kubelet"}
+// repairLines are the commands of a repair: kubeadm is handed the config's
+// path under the node's root (one root for every path, children included).
+func (g *rig) repairLines() []string {
+	return []string{"/usr/bin/kubeadm init phase kubelet-start --config " + g.node.Path(ConfigPath), "/usr/bin/systemctl daemon-reload", "/usr/bin/systemctl restart kubelet"}
+}
 
 func TestWorkerRepair(t *testing.T) {
 	g := newRig(t, true)
@@ -263,7 +271,7 @@ func TestWorkerRepair(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(g.rec.Lines(), repairLines) {
+	if !reflect.DeepEqual(g.rec.Lines(), g.repairLines()) {
 		t.Fatalf("ran %q", g.rec.Lines())
 	}
 	if g.mode != 0o600 || !strings.Contains(g.seen, "kubernetesVersion: v1.37.2") {
@@ -348,7 +356,7 @@ func TestControlPlaneRepairWaitsForTheLocalAPI(t *testing.T) {
 			if tc.ok != (err == nil) {
 				t.Fatalf("err %v", err)
 			}
-			if !reflect.DeepEqual(g.rec.Lines(), repairLines) {
+			if !reflect.DeepEqual(g.rec.Lines(), g.repairLines()) {
 				t.Fatalf("ran %q", g.rec.Lines())
 			}
 			if !tc.ok {
