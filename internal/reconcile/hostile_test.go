@@ -233,7 +233,7 @@ func TestInterruptedPassSaysSo(t *testing.T) {
 		if strings.HasPrefix(cmd.String(), "/usr/bin/kubeadm upgrade node") {
 			cancel(errors.New("terminated signal received"))
 			<-c.Done()
-			return runner.Result{ExitCode: -1}, &runner.ExitError{Cmd: cmd.Short(), Code: -1, TimedOut: true}
+			return runner.Result{ExitCode: -1}, &runner.ExitError{Cmd: cmd.Short(), Code: -1, Canceled: true}
 		}
 		return inner(c, cmd)
 	}

@@ -76,13 +76,19 @@ type ExitError struct {
 	Cmd      string // Cmd.Short(): never the full command line
 	Code     int
 	TimedOut bool
+	// Canceled: the caller's context was cancelled (a signal ended the
+	// pass) and the command killed with its process group.
+	Canceled bool
 	Tail     string // last line of stderr (or stdout), bounded
 }
 
 func (e *ExitError) Error() string {
 	what := fmt.Sprintf("exit status %d", e.Code)
-	if e.TimedOut {
+	switch {
+	case e.TimedOut:
 		what = "killed at its time budget"
+	case e.Canceled:
+		what = "killed: interrupted"
 	}
 	if e.Tail != "" {
 		return fmt.Sprintf("%s: %s: %s", e.Cmd, what, e.Tail)
@@ -132,7 +138,8 @@ func (e Exec) Run(ctx context.Context, c Cmd) (Result, error) {
 	if err == nil {
 		return res, nil
 	}
-	ee := &ExitError{Cmd: c.Short(), Code: res.ExitCode, TimedOut: ctx.Err() != nil, Tail: LastLine(res)}
+	ee := &ExitError{Cmd: c.Short(), Code: res.ExitCode, TimedOut: errors.Is(ctx.Err(), context.DeadlineExceeded),
+		Canceled: errors.Is(ctx.Err(), context.Canceled), Tail: LastLine(res)}
 	var execErr *exec.Error
 	if errors.As(err, &execErr) || res.ExitCode == -1 && cmd.ProcessState == nil {
 		return res, fmt.Errorf("run %s: %w", c.Short(), err)

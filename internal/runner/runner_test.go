@@ -67,6 +67,18 @@ func TestExecKillsTheProcessGroupAtItsBudget(t *testing.T) {
 	}
 }
 
+// A cancelled caller (a signal ended the pass) is told apart from a
+// command that ran out of its budget.
+func TestExecCanceledIsNotATimeout(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	_, err := Exec{}.Run(ctx, Cmd{Path: "/bin/sh", Args: []string{"-c", "sleep 60"}, Timeout: time.Minute})
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.TimedOut || !ee.Canceled || !strings.Contains(err.Error(), "killed: interrupted") {
+		t.Fatalf("%v %+v", err, ee)
+	}
+}
+
 func TestTailBufferKeepsTheEnd(t *testing.T) {
 	var b tailBuffer
 	for i := 0; i < 3; i++ {
