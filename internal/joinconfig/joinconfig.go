@@ -20,6 +20,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
@@ -64,7 +65,7 @@ type Material struct {
 }
 
 // Mint creates the join material.
-func Mint(ctx context.Context, o Options) (Material, error) {
+func Mint(ctx context.Context, o Options) (_ Material, err error) {
 	if o.Role != clusterconfig.RoleWorker && o.Role != clusterconfig.RoleControlPlane {
 		return Material{}, fmt.Errorf("--role must be worker or controlplane, got %q", o.Role)
 	}
@@ -116,6 +117,13 @@ func Mint(ctx context.Context, o Options) (Material, error) {
 		return Material{}, err
 	}
 	m := Material{TokenID: token[:6], Expires: expires, Role: o.Role}
+	// From here a failure leaves a live token nobody was given: delete it.
+	minted := false
+	defer func() {
+		if !minted {
+			err = errors.Join(err, deleteToken(ctx, client, m.TokenID, o.APITimeout))
+		}
+	}()
 
 	join := map[string]any{
 		"discovery": map[string]any{"bootstrapToken": map[string]any{
@@ -132,8 +140,23 @@ func Mint(ctx context.Context, o Options) (Material, error) {
 		}
 		join["controlPlane"] = map[string]any{"certificateKey": key}
 	}
-	m.Section, err = render(local, endpoint, cc.KubernetesVersion, join, m, o.Now())
-	return m, err
+	if m.Section, err = render(local, endpoint, cc.KubernetesVersion, join, m, o.Now()); err != nil {
+		return Material{}, err
+	}
+	minted = true
+	return m, nil
+}
+
+// deleteToken removes a bootstrap token minted by a join-config that then
+// failed, bounded, even when ctx was cancelled (an interrupted command).
+func deleteToken(ctx context.Context, c *kube.Client, id string, timeout time.Duration) error {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	err := c.Clientset.CoreV1().Secrets("kube-system").Delete(dctx, "bootstrap-token-"+id, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete the unused bootstrap token %s (delete it with kubeadm token delete %s): %w", id, id, err)
+	}
+	return nil
 }
 
 type clusterConfig struct {

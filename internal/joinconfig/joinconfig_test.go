@@ -336,3 +336,24 @@ func selfSigned(t *testing.T, cn string) []byte {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
+
+// A join-config that fails after the bootstrap token was created (here
+// kubeadm's upload-certs) deletes it: no live 24-hour token nobody was given.
+func TestFailedMintDeletesItsToken(t *testing.T) {
+	e := newEnv(t)
+	e.rec.Reply = func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+		if n := len(e.api.ObjectPaths()); n != 1 {
+			t.Errorf("when kubeadm runs the token should exist: %v", e.api.ObjectPaths())
+		}
+		return runner.Result{ExitCode: 1}, &runner.ExitError{Cmd: c.Short(), Code: 1, Tail: "error execution phase upload-certs: boom"}
+	}
+	o := e.opts("controlplane")
+	o.TTL = 24 * time.Hour
+	_, err := Mint(context.Background(), o)
+	if err == nil || !strings.Contains(err.Error(), "upload the control-plane certificates") {
+		t.Fatalf("%v", err)
+	}
+	if got := e.api.ObjectPaths(); len(got) != 0 {
+		t.Fatalf("the failed join-config left %v", got)
+	}
+}

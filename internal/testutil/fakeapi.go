@@ -235,6 +235,14 @@ func (a *API) store(w http.ResponseWriter, r *http.Request) {
 		}
 		_, _ = w.Write(b)
 		return
+	case http.MethodDelete:
+		if _, ok := a.objects[r.URL.Path]; !ok {
+			status(w, http.StatusNotFound, fmt.Sprintf("%q not found", name))
+			return
+		}
+		delete(a.objects, r.URL.Path)
+		status(w, http.StatusOK, "deleted")
+		return
 	case http.MethodPost, http.MethodPut:
 		// Clients send protobuf or JSON: decode either as the apiserver does.
 		o, _, err := scheme.Codecs.UniversalDeserializer().Decode(body, nil, nil)
