@@ -105,7 +105,17 @@ func Run(ctx context.Context, o Options) Result {
 
 	unlock, err := reconcile.Lock(o.Root)
 	if err != nil {
-		return finish(ReasonLocked, err)
+		// A refused reset changes nothing: no command, nothing removed, no
+		// status written (the pass holding the lock owns the status). The
+		// refusal is returned (printed, or the plugin's response) and logged.
+		reason := ReasonLocked
+		if !errors.Is(err, reconcile.ErrLocked) {
+			reason = ReasonUnsafePath // the lock file itself is not one to trust
+		}
+		doc.Reason, doc.Message = reason, oneLine(err.Error(), 2000)
+		doc.Time = o.Now().UTC().Format(time.RFC3339)
+		o.Log.Error(EventReset, "outcome", "refused", "reason", reason, "error", doc.Message)
+		return Result{Status: doc, ExitCode: reconcile.ExitFailed, Err: err}
 	}
 	defer unlock()
 

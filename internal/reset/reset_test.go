@@ -3,6 +3,7 @@ package reset
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
@@ -414,4 +416,53 @@ func nsChild(t *testing.T, base string) {
 			}
 		}
 	}
+}
+
+// A reset refused because a pass holds the node's lock changes nothing:
+// no command, nothing removed, both status files as they were.
+func TestLockedResetChangesNothing(t *testing.T) {
+	s := newSandbox(t, t.TempDir(), nil)
+	root := paths.Root(s.root)
+	if err := status.Write(root, status.Document{Phase: status.PhaseUpgrading, LastAction: "upgrade-apply", Time: "2026-11-29T12:00:00Z"}); err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := reconcile.Lock(root) // the running pass
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	before := inventory(t, s.base)
+	var statusBefore []string
+	for _, p := range []string{paths.StatusFile, paths.StatusMirror} {
+		statusBefore = append(statusBefore, string(mustRead(t, s.path(p))))
+	}
+
+	res, rec, log := runReset(t, s.root)
+	if res.ExitCode != reconcile.ExitFailed || !errors.Is(res.Err, reconcile.ErrLocked) ||
+		res.Status.Phase != status.PhaseResetFailed || res.Status.Reason != ReasonLocked {
+		t.Fatalf("%+v", res)
+	}
+	if len(rec.Lines()) != 0 {
+		t.Fatalf("ran %q", rec.Lines())
+	}
+	if after := inventory(t, s.base); !reflect.DeepEqual(after, before) {
+		t.Fatalf("files changed:\nbefore %v\nafter  %v", before, after)
+	}
+	for i, p := range []string{paths.StatusFile, paths.StatusMirror} {
+		if got := string(mustRead(t, s.path(p))); got != statusBefore[i] {
+			t.Fatalf("%s rewritten by a refused reset:\n%s", p, got)
+		}
+	}
+	if !strings.Contains(log, "msg=reset outcome=refused reason=Locked") {
+		t.Fatalf("log:\n%s", log)
+	}
+}
+
+func mustRead(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
