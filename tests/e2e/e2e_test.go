@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -18,7 +19,9 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/internal/imagetree"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/kairos"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 	"github.com/kairos-io/provider-kubernetes/tests/e2e/harness"
 )
@@ -177,48 +180,198 @@ func newToken(t *testing.T) string {
 	return hex.EncodeToString(b)
 }
 
-// setPin writes the node's cluster section with a new pin (the operator's
-// half of an upgrade), after checking it is a section the plugin accepts.
-func setPin(t *testing.T, n *harness.Node, section []byte) {
+// cloudConfig is the operator's /oem cloud-config holding a cluster section.
+func cloudConfig(section []byte) []byte {
+	var b bytes.Buffer
+	b.WriteString("#cloud-config\n# The operator's cloud-config: on every boot Kairos's initramfs stage sends it\n# to the provider's plugin (agent.boot), and the boot stage runs what that wrote.\ncluster:\n")
+	for _, l := range strings.Split(strings.TrimRight(string(section), "\n"), "\n") {
+		b.WriteString("  " + l + "\n")
+	}
+	return b.Bytes()
+}
+
+// accepted checks that the plugin would accept cc: Kairos's schema, the
+// section's validation and its providerConfig.
+func accepted(t *testing.T, cc []byte) {
 	t.Helper()
-	c, err := clusterconfig.Parse(section)
+	c, _, err := clusterconfig.ParseCloudConfig(cc)
+	if err == nil && c == nil {
+		err = fmt.Errorf("no cluster: section")
+	}
+	if err == nil {
+		_, err = c.Validate()
+	}
+	if err == nil {
+		_, err = reconcile.DefaultBudgets().WithOverrides(c.ProviderConfig)
+	}
+	if err != nil {
+		t.Fatalf("the test's cloud-config would be refused: %v\n%s", err, cc)
+	}
+}
+
+// writeCloudConfig writes the node's /oem cloud-config with this cluster
+// section, as an operator installs a node.
+func writeCloudConfig(t *testing.T, n *harness.Node, section []byte) {
+	t.Helper()
+	cc := cloudConfig(section)
+	accepted(t, cc)
+	if err := n.WriteCloudConfig(cc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var pinLine = regexp.MustCompile(`(kubernetesVersion: )v[0-9]+\.[0-9]+\.[0-9]+`)
+
+// bumpPin is the operator's half of an upgrade (upgrades.md: "Bump the pin
+// in the node's cloud-config, which on an installed node is under /oem"):
+// an edit of the one kubernetesVersion line of /oem/90_custom.yaml.
+func bumpPin(t *testing.T, n *harness.Node, pin string) {
+	t.Helper()
+	err := n.EditCloudConfig(func(b []byte) ([]byte, error) {
+		if k := len(pinLine.FindAll(b, -1)); k != 1 {
+			return nil, fmt.Errorf("%d kubernetesVersion lines, want 1", k)
+		}
+		out := pinLine.ReplaceAll(b, []byte("${1}"+pin))
+		accepted(t, out)
+		return out, nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Validate(); err != nil {
-		t.Fatalf("the test's cluster section is invalid: %v", err)
-	}
-	if err := n.WriteClusterFile(section); err != nil {
+}
+
+// setBudget adds (or, with value "", removes) one budget key of the
+// section's providerConfig (a flat map of strings in Kairos's schema).
+func setBudget(t *testing.T, n *harness.Node, name, value string) {
+	t.Helper()
+	block := "  providerConfig:\n    budget." + name + ": "
+	err := n.EditCloudConfig(func(b []byte) ([]byte, error) {
+		s := string(b)
+		if i := strings.Index(s, block); i >= 0 {
+			j := i + len(block) + strings.IndexByte(s[i+len(block):], '\n') + 1
+			s = s[:i] + s[j:]
+		}
+		if value != "" {
+			s += block + value + "\n"
+		}
+		accepted(t, []byte(s))
+		return []byte(s), nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 }
 
 // bootNode starts a stopped node, waits for this boot's reconcile pass and
-// returns its exit code, printing what the provider decided.
+// returns its exit code, printing what the provider decided. Every boot
+// checks the Kairos chain: Kairos's initramfs stage ran, the plugin's yip
+// config is 0600 root, Kairos's boot stage wrote the cluster file from the
+// /oem cloud-config and finished before the pass started, and the boot ran
+// exactly one pass.
 func bootNode(t *testing.T, n *harness.Node, what string) int {
 	t.Helper()
 	progress(t, "%s: booting (%s)", n.Name, what)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	before := passCount(n)
 	if err := n.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	code := reconcileExit(t, n)
-	st := nodeStatus(t, n)
-	progress(t, "%s: the provider decided %v -> exit %d, status %s %s %s", n.Name, st.Actions, code, st.Phase, st.Reason, st.Refusal)
-	return code
+	st := reconcileUnit(t, n)
+	if st.Skipped {
+		t.Fatalf("%s: the reconcile unit was skipped: no cluster file and no plugin output\n%s", n.Name, n.Diagnostics(ctx))
+	}
+	kairosChain(t, n, st)
+	if k := passCount(n) - before; k != 1 {
+		t.Fatalf("%s: this boot ran %d reconcile passes, want exactly 1\n%s", n.Name, k, lastPass(reconcileLog(t, n)))
+	}
+	ds := nodeStatus(t, n)
+	progress(t, "%s: the provider decided %v -> exit %d, status %s %s %s", n.Name, ds.Actions, st.ExecMainStatus, ds.Phase, ds.Reason, ds.Refusal)
+	return st.ExecMainStatus
 }
 
-// reconcile waits for this boot's reconcile pass and returns its exit code.
-func reconcileExit(t *testing.T, n *harness.Node) int {
+// passCount is the number of passes in the node's reconcile log.
+func passCount(n *harness.Node) int {
+	b, err := n.ReadFile(paths.ReconcileLog)
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(b), "msg=reconcile-start")
+}
+
+// kairosChain checks, in the running node, what Kairos's own agent did
+// this boot before the provider's pass (st, the reconcile unit's state).
+func kairosChain(t *testing.T, n *harness.Node, st harness.UnitState) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, u := range []string{kairos.InitramfsUnitName, kairos.CosSetupBoot} {
+		us, err := n.UnitState(ctx, u)
+		if err != nil || us.Result != "success" || us.ExitedUS == 0 {
+			t.Fatalf("%s: %s: %v %v\n%s", n.Name, u, us, err, n.Diagnostics(ctx))
+		}
+		if u == kairos.CosSetupBoot && st.StartedUS < us.ExitedUS {
+			t.Fatalf("%s: the pass started at %dus, before Kairos's boot stage finished at %dus", n.Name, st.StartedUS, us.ExitedUS)
+		}
+	}
+	for _, p := range []string{paths.ClusterYipFile, paths.ClusterFile} {
+		out, err := n.Output(ctx, "stat", "-c", "%a %u %g %F", p)
+		if err != nil || out != "600 0 0 regular file" {
+			t.Fatalf("%s: %s: %q %v, want a regular 0600 root:root file", n.Name, p, out, err)
+		}
+	}
+	cc, err := n.ReadFile(kairos.OEMCloudConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _, err := clusterconfig.ParseCloudConfig(cc)
+	if err != nil || want == nil {
+		t.Fatalf("%s: %s: %v", n.Name, kairos.OEMCloudConfig, err)
+	}
+	b, err := n.ReadFile(paths.ClusterFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := clusterconfig.Parse(b)
+	if err != nil || fmt.Sprint(*got) != fmt.Sprint(*want) {
+		t.Fatalf("%s: the boot stage's cluster file is not the /oem section: %v", n.Name, err)
+	}
+	// One start of the unit in this boot's journal (a second start,
+	// merged or not, would show).
+	if k := unitStarts(t, n); k != 1 {
+		t.Fatalf("%s: the reconcile unit started %d times this boot", n.Name, k)
+	}
+}
+
+// unitStarts counts this boot's starts of the reconcile unit in its journal.
+func unitStarts(t *testing.T, n *harness.Node) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	j, err := n.UnitJournal(ctx, paths.ReconcileUnit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := 0
+	for _, l := range strings.Split(j, "\n") {
+		if strings.HasPrefix(l, "Starting ") {
+			k++
+		}
+	}
+	return k
+}
+
+// reconcileUnit waits for this boot's reconcile unit to finish (or be
+// skipped by its conditions) and returns its state.
+func reconcileUnit(t *testing.T, n *harness.Node) harness.UnitState {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), reconcileBudget+time.Minute)
 	defer cancel()
-	st, err := n.WaitUnit(ctx, "provider-kubernetes-reconcile.service", reconcileBudget)
+	st, err := n.WaitUnit(ctx, paths.ReconcileUnit, reconcileBudget)
 	if err != nil {
 		t.Fatalf("%s: reconcile did not finish: %v\n%s", n.Name, err, n.Diagnostics(ctx))
 	}
-	return st.ExecMainStatus
+	return st
 }
 
 func nodeStatus(t *testing.T, n *harness.Node) status.Document {
@@ -390,7 +543,7 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 	}
 
 	// Bootstrap at 1.36.3.
-	setPin(t, n, clusterSection(token, cp1, cp1.ip, "v1.36.3"))
+	writeCloudConfig(t, n, clusterSection(token, cp1, cp1.ip, "v1.36.3"))
 	if code := boot("1.36 image, pin v1.36.3: init"); code != 0 {
 		t.Fatalf("init failed: exit %d\n%s", code, reconcileLog(t, n))
 	}
@@ -404,7 +557,7 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 	// Refusal on the running cluster: the pin bumped, the image not.
 	before := manifests(t, n)
 	stop()
-	setPin(t, n, clusterSection(token, cp1, cp1.ip, "v1.37.2"))
+	bumpPin(t, n, "v1.37.2")
 	refused(t, n, boot("1.36 image, pin v1.37.2: pin newer than image"), "PinNewerThanImage", before)
 
 	// The upgrade: the 1.37 image and the 1.37 pin.
@@ -444,7 +597,7 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 	if err := n.SetTree(tr["1.36"]); err != nil {
 		t.Fatal(err)
 	}
-	setPin(t, n, clusterSection(token, cp1, cp1.ip, "v1.36.3"))
+	bumpPin(t, n, "v1.36.3")
 	refused(t, n, boot("1.36 image, pin v1.36.3: downgrade"), "Downgrade", before)
 
 	// Back on the 1.37 image with the 1.37 pin: converged, nothing runs.
@@ -452,7 +605,7 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 	if err := n.SetTree(tr["1.37"]); err != nil {
 		t.Fatal(err)
 	}
-	setPin(t, n, clusterSection(token, cp1, cp1.ip, "v1.37.2"))
+	bumpPin(t, n, "v1.37.2")
 	if code := boot("1.37 image, pin v1.37.2: converged"); code != 0 {
 		t.Fatalf("converged boot: exit %d", code)
 	}
@@ -460,6 +613,19 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 	for _, m := range mutating {
 		if strings.Contains(pass, m+" ") {
 			t.Fatalf("a converged boot ran %s:\n%s", m, pass)
+		}
+	}
+
+	// Boot order on real systemd: five boots in a row of the converged
+	// node, each exactly one pass, after Kairos's boot stage, no refusal.
+	for i := 1; i <= 5; i++ {
+		stop()
+		refusalsBefore := strings.Count(reconcileLog(t, n), "msg=refuse-")
+		if code := boot(fmt.Sprintf("converged, boot %d of 5", i)); code != 0 {
+			t.Fatalf("converged boot %d: exit %d\n%s", i, code, lastPass(reconcileLog(t, n)))
+		}
+		if k := strings.Count(reconcileLog(t, n), "msg=refuse-") - refusalsBefore; k != 0 {
+			t.Fatalf("converged boot %d logged %d refusal lines", i, k)
 		}
 	}
 	t.Logf("whole scenario: %s, cp1 peak memory %d MiB", time.Since(start).Round(time.Second), n.PeakMemory()>>20)
@@ -507,7 +673,7 @@ func TestSkipLevelRefusal(t *testing.T) {
 		t.Fatal(err)
 	}
 	boot := func(what string) int { t.Helper(); return bootNode(t, n, what) }
-	setPin(t, n, clusterSection(token, cp1, cp1.ip, "v1.35.4"))
+	writeCloudConfig(t, n, clusterSection(token, cp1, cp1.ip, "v1.35.4"))
 	if code := boot("1.35 image, pin v1.35.4: init"); code != 0 {
 		t.Fatalf("init at 1.35: exit %d\n%s", code, reconcileLog(t, n))
 	}
@@ -521,6 +687,6 @@ func TestSkipLevelRefusal(t *testing.T) {
 	if err := n.SetTree(tr["1.37"]); err != nil {
 		t.Fatal(err)
 	}
-	setPin(t, n, clusterSection(token, cp1, cp1.ip, "v1.37.2"))
+	bumpPin(t, n, "v1.37.2")
 	refused(t, n, boot("1.37 image, pin v1.37.2: skip-level"), "SkipLevel", before)
 }

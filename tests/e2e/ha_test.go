@@ -38,25 +38,6 @@ func withCA(t *testing.T, section []byte, ca string) []byte {
 	return b
 }
 
-// withBudgets sets budget keys in providerConfig (a flat map of strings,
-// Kairos's schema: "budget.waitForCluster: 60s").
-func withBudgets(t *testing.T, section []byte, budgets map[string]string) []byte {
-	var m map[string]any
-	if err := yaml.Unmarshal(section, &m); err != nil {
-		t.Fatal(err)
-	}
-	pc := map[string]string{}
-	for k, v := range budgets {
-		pc["budget."+k] = v
-	}
-	m["providerConfig"] = pc
-	b, err := yaml.Marshal(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // kubectlVia runs kubectl on node n against its own apiserver (not the
 // cluster endpoint, which is cp1's and goes away while cp1 upgrades).
 func kubectlVia(ctx context.Context, n *haNode, args ...string) (string, error) {
@@ -262,7 +243,7 @@ func TestHAUpgrade(t *testing.T) {
 	}
 
 	// Bootstrap at 1.36.3: cp1 init, then one join at a time.
-	setPin(t, cp1.n, section(cp1, "v1.36.3"))
+	writeCloudConfig(t, cp1.n, section(cp1, "v1.36.3"))
 	if code := boot(cp1, "init at v1.36.3"); code != 0 {
 		t.Fatalf("init: exit %d\n%s", code, reconcileLog(t, cp1.n))
 	}
@@ -272,7 +253,7 @@ func TestHAUpgrade(t *testing.T) {
 	}
 	ca = string(caPEM)
 	for _, hn := range []*haNode{cp2, cp3, w1} {
-		setPin(t, hn.n, section(hn, "v1.36.3"))
+		writeCloudConfig(t, hn.n, section(hn, "v1.36.3"))
 		if code := boot(hn, "join at v1.36.3"); code != 0 {
 			t.Fatalf("%s join: exit %d\n%s", hn.name, code, reconcileLog(t, hn.n))
 		}
@@ -305,7 +286,8 @@ func TestHAUpgrade(t *testing.T) {
 	if err := w1.n.SetTree(tr["1.37"]); err != nil {
 		t.Fatal(err)
 	}
-	setPin(t, w1.n, withBudgets(t, section(w1, "v1.37.2"), map[string]string{"waitForCluster": "60s"}))
+	bumpPin(t, w1.n, "v1.37.2")
+	setBudget(t, w1.n, "waitForCluster", "60s")
 	waitStart := time.Now()
 	if code := boot(w1, "1.37 image before the control planes"); code != 1 {
 		t.Fatalf("early worker: exit %d, want 1\n%s", code, lastPass(reconcileLog(t, w1.n)))
@@ -321,7 +303,8 @@ func TestHAUpgrade(t *testing.T) {
 	if err := w1.n.SetTree(tr["1.36"]); err != nil {
 		t.Fatal(err)
 	}
-	setPin(t, w1.n, section(w1, "v1.36.3"))
+	bumpPin(t, w1.n, "v1.36.3")
+	setBudget(t, w1.n, "waitForCluster", "")
 	if code := boot(w1, "back on 1.36"); code != 0 {
 		t.Fatalf("w1 back on 1.36: exit %d", code)
 	}
@@ -334,7 +317,7 @@ func TestHAUpgrade(t *testing.T) {
 	if err := cp1.n.SetTree(tr["1.37"]); err != nil {
 		t.Fatal(err)
 	}
-	setPin(t, cp1.n, section(cp1, "v1.37.2"))
+	bumpPin(t, cp1.n, "v1.37.2")
 	progress(t, "cp1: booting (1.37 image: upgrade apply, to be killed mid-apply)")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	if err := cp1.n.Start(ctx); err != nil {
@@ -398,7 +381,7 @@ func TestHAUpgrade(t *testing.T) {
 		if err := hn.n.SetTree(tr["1.37"]); err != nil {
 			t.Fatal(err)
 		}
-		setPin(t, hn.n, section(hn, "v1.37.2"))
+		bumpPin(t, hn.n, "v1.37.2")
 		if code := boot(hn, "1.37 image: upgrade node"); code != 0 {
 			t.Fatalf("%s upgrade node: exit %d\n%s\nkubeadm:\n%s", hn.name, code, lastPass(reconcileLog(t, hn.n)), kubeadmLog(hn.n))
 		}
@@ -426,7 +409,7 @@ func TestHAUpgrade(t *testing.T) {
 	if err := w1.n.SetTree(tr["1.37"]); err != nil {
 		t.Fatal(err)
 	}
-	setPin(t, w1.n, section(w1, "v1.37.2"))
+	bumpPin(t, w1.n, "v1.37.2")
 	if code := boot(w1, "1.37 image: upgrade node"); code != 0 {
 		t.Fatalf("w1 upgrade node: exit %d\n%s\nkubeadm:\n%s", code, lastPass(reconcileLog(t, w1.n)), kubeadmLog(w1.n))
 	}

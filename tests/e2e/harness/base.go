@@ -22,11 +22,12 @@ import (
 // Base is the node base: the layers under every node's OS tree.
 type Base struct {
 	Rootfs string // debootstrap'd Debian bookworm (systemd, containerd, runc, CNI plugins, ...)
-	Config string // the harness's config layer (containerd config, fixup and stand-in units, masks)
+	Kairos string // the Kairos layer: the real kairos-agent, kairos-init's notify stage, cos-setup-boot.service
+	Config string // the harness's config layer (containerd config, fixup unit, masks)
 }
 
 // Lowers are the base layers, topmost first, as overlayfs lowerdirs.
-func (b Base) Lowers() []string { return []string{b.Config, b.Rootfs} }
+func (b Base) Lowers() []string { return []string{b.Config, b.Kairos, b.Rootfs} }
 
 // Suite is the Debian release of the base.
 const Suite = "bookworm"
@@ -70,7 +71,9 @@ func RootfsKey(suite string, packages []string) string {
 
 // EnsureBase returns the cached base, building what is missing: the
 // debootstrap layer (about a minute cold with a reachable mirror, cached by
-// RootfsKey) and the config layer (cached by its content).
+// RootfsKey), the Kairos layer (the real kairos-agent built from its module,
+// about 3 minutes cold, cached by version; the layer by content) and the
+// config layer (cached by its content).
 func EnsureBase(ctx context.Context, o BaseOptions) (Base, error) {
 	tl, err := Check()
 	if err != nil {
@@ -106,11 +109,19 @@ func EnsureBase(ctx context.Context, o BaseOptions) (Base, error) {
 	if err != nil {
 		return Base{}, err
 	}
-	cfg, err := ensureConfigLayer(o.CacheDir)
+	agent, err := testbin.KairosAgent(ctx, o.Log)
+	if err != nil {
+		return Base{}, fmt.Errorf("kairos-agent: %w", err)
+	}
+	kl, err := ensureLayer(o.CacheDir, "kairos", kairosLayer(agent))
 	if err != nil {
 		return Base{}, err
 	}
-	return Base{Rootfs: rootfs, Config: cfg}, nil
+	cfg, err := ensureLayer(o.CacheDir, "config", configLayer())
+	if err != nil {
+		return Base{}, err
+	}
+	return Base{Rootfs: rootfs, Kairos: kl, Config: cfg}, nil
 }
 
 type rootfsStamp struct {
@@ -215,17 +226,30 @@ type layerEntry struct {
 	Path string      // relative, slash-separated
 	Mode os.FileMode // 0 for a symlink
 	Data string      // file content, or the symlink target
+	Src  string      // a host file to copy instead of Data
 	Dir  bool
 	Link bool
 }
 
-// layerKey is the content key of a generated layer.
-func layerKey(entries []layerEntry) string {
+// layerKey is the content key of a generated layer (a Src file counts by
+// its content).
+func layerKey(entries []layerEntry) (string, error) {
 	h := sha256.New()
 	for _, e := range entries {
 		fmt.Fprintf(h, "%s\x00%o\x00%t\x00%t\x00%d\x00%s\x00", e.Path, e.Mode, e.Dir, e.Link, len(e.Data), e.Data)
+		if e.Src != "" {
+			f, err := os.Open(e.Src)
+			if err != nil {
+				return "", err
+			}
+			_, err = io.Copy(h, f)
+			f.Close()
+			if err != nil {
+				return "", fmt.Errorf("%s: %w", e.Src, err)
+			}
+		}
 	}
-	return hex.EncodeToString(h.Sum(nil))[:16]
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
 // writeLayer materialises entries under dir (which must not exist).
@@ -247,6 +271,10 @@ func writeLayer(dir string, entries []layerEntry) error {
 			if err := os.Symlink(e.Data, p); err != nil {
 				return err
 			}
+		case e.Src != "":
+			if err := copyFile(e.Src, p, e.Mode); err != nil {
+				return err
+			}
 		default:
 			if err := os.WriteFile(p, []byte(e.Data), e.Mode); err != nil {
 				return err
@@ -259,16 +287,21 @@ func writeLayer(dir string, entries []layerEntry) error {
 	return nil
 }
 
-func ensureConfigLayer(cacheDir string) (string, error) {
-	entries := configLayer()
-	dir := filepath.Join(cacheDir, "config-"+layerKey(entries))
+// ensureLayer materialises a generated layer in the cache, named by its
+// content key.
+func ensureLayer(cacheDir, name string, entries []layerEntry) (string, error) {
+	key, err := layerKey(entries)
+	if err != nil {
+		return "", fmt.Errorf("%s layer: %w", name, err)
+	}
+	dir := filepath.Join(cacheDir, name+"-"+key)
 	if st, err := os.Stat(dir); err == nil && st.IsDir() {
 		return dir, nil
 	}
 	part := dir + ".part"
 	_ = os.RemoveAll(part)
 	if err := writeLayer(part, entries); err != nil {
-		return "", fmt.Errorf("config layer: %w", err)
+		return "", fmt.Errorf("%s layer: %w", name, err)
 	}
 	if err := os.Rename(part, dir); err != nil {
 		return "", err
@@ -323,4 +356,25 @@ func ValidateTree(dir string) error {
 		}
 	}
 	return nil
+}
+
+func copyFile(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Chmod(mode); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }

@@ -94,7 +94,7 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	if o.Base.Rootfs == "" || o.Base.Config == "" {
+	if o.Base.Rootfs == "" || o.Base.Kairos == "" || o.Base.Config == "" {
 		return nil, errors.New("harness: Options.Base is empty (call EnsureBase)")
 	}
 	if o.StateDir == "" {

@@ -2,22 +2,14 @@ package harness
 
 import (
 	"fmt"
-	"path"
 	"strings"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/kairos"
 )
-
-// OEMClusterFile is where the harness keeps a node's cloud-config cluster
-// section in its persistent state; the stand-in unit copies it to
-// paths.ClusterFile on every boot.
-const OEMClusterFile = "/oem/provider-kubernetes/cluster.yaml"
 
 // Harness units in the config layer.
-const (
-	FixupUnit         = "e2e-node-fixup.service"
-	ClusterConfigUnit = "e2e-cluster-config.service"
-)
+const FixupUnit = "e2e-node-fixup.service"
 
 // BridgeIP is the bridge's address in the bridge's own network namespace:
 // every node's default gateway and resolver, where nothing answers, so no
@@ -66,27 +58,6 @@ ExecStart=/bin/sh -c '[ -e /dev/kmsg ] || ln -s /dev/console /dev/kmsg'
 ExecStart=/bin/mount --make-rshared /
 `
 
-// clusterConfigUnit stands in for Kairos's boot stage.
-var clusterConfigUnit = fmt.Sprintf(`# Test harness only (tests/e2e/harness): a stand-in for Kairos's boot stage.
-# On a real node the provider's plugin answers agent.boot with a yip config
-# (/usr/local/cloud-config/cluster.kairos.yaml) whose boot stage writes the
-# cloud-config's cluster section to %[2]s (0600) before the
-# reconcile unit runs. Here the harness keeps that section in the node's
-# persistent state (%[1]s) and this unit copies it.
-[Unit]
-Description=e2e: stand-in for the Kairos boot stage (cluster section to %[2]s)
-DefaultDependencies=no
-After=local-fs.target
-Before=provider-kubernetes-reconcile.service provider-kubernetes-image-import.service kubelet.service
-ConditionPathExists=%[1]s
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/usr/bin/install -d -m 0755 %[3]s
-ExecStart=/usr/bin/install -m 0600 -o root -g root %[1]s %[2]s
-`, OEMClusterFile, paths.ClusterFile, paths.RunDir)
-
 // masked are base units a test node must not run: Debian's etcd (it would
 // hold :2379 if some package pulled it in) and the periodic jobs that would
 // only add noise and load.
@@ -102,20 +73,39 @@ func configLayer() []layerEntry {
 		{Path: "etc/containerd/config.toml", Mode: 0o644, Data: ContainerdConfig},
 		{Path: "etc/systemd/system/" + FixupUnit, Mode: 0o644, Data: fixupUnit},
 		{Path: "etc/systemd/system/multi-user.target.wants/" + FixupUnit, Link: true, Data: "../" + FixupUnit},
-		{Path: "etc/systemd/system/" + ClusterConfigUnit, Mode: 0o644, Data: clusterConfigUnit},
-		{Path: "etc/systemd/system/multi-user.target.wants/" + ClusterConfigUnit, Link: true, Data: "../" + ClusterConfigUnit},
 		// A persistent journal, so a node's journal can be read after it died.
 		{Path: "etc/systemd/journald.conf.d/e2e.conf", Mode: 0o644, Data: "[Journal]\nStorage=persistent\nSystemMaxUse=64M\n"},
 		// A bounded poweroff: Stop's SIGTERM must finish well inside its budget.
 		{Path: "etc/systemd/system.conf.d/e2e.conf", Mode: 0o644, Data: "[Manager]\nDefaultTimeoutStopSec=20s\n"},
 		{Path: "etc/resolv.conf", Mode: 0o644, Data: "# e2e: the bridge in the harness's own network namespace (no DNS server there)\nnameserver " + BridgeIP + "\n"},
 		{Path: "etc/hosts", Mode: 0o644, Data: hostsFile(nil)},
-		{Path: path.Dir(OEMClusterFile)[1:], Dir: true, Mode: 0o755},
 	}
 	for _, u := range masked {
 		e = append(e, layerEntry{Path: "etc/systemd/system/" + u, Link: true, Data: "/dev/null"})
 	}
 	return e
+}
+
+// kairosLayer is a Kairos node's own layer under the OS tree (the Earthfile
+// lays the tree onto the Kairos base image): the real kairos-agent,
+// kairos-init's notify stage in /system/oem, cos-setup-boot.service as
+// Kairos ships it (enabled as `systemctl enable` does), and, because nspawn
+// has no initramfs, a unit that runs the real initramfs stage as early as
+// the container's systemd can (kairos.InitramfsUnit). The operator's
+// cloud-config goes in /oem; the plugin's yip config in
+// /usr/local/cloud-config.
+func kairosLayer(agent string) []layerEntry {
+	return []layerEntry{
+		{Path: kairos.Agent[1:], Mode: 0o755, Src: agent},
+		{Path: kairos.NotifyStageFile[1:], Mode: 0o644, Data: kairos.NotifyStage},
+		{Path: kairos.CosSetupBootPath[1:], Mode: 0o644, Data: kairos.CosSetupBootUnit},
+		{Path: "etc/systemd/system/multi-user.target.wants/" + kairos.CosSetupBoot, Link: true, Data: kairos.CosSetupBootPath},
+		{Path: "usr/lib/systemd/system/" + kairos.InitramfsUnitName, Mode: 0o644, Data: kairos.InitramfsUnit},
+		{Path: "etc/systemd/system/sysinit.target.wants/" + kairos.InitramfsUnitName, Link: true, Data: "/usr/lib/systemd/system/" + kairos.InitramfsUnitName},
+		{Path: "oem", Dir: true, Mode: 0o755},
+		{Path: paths.CloudConfigDir[1:], Dir: true, Mode: 0o755},
+		{Path: "system/providers", Dir: true, Mode: 0o755},
+	}
 }
 
 // hostsFile is /etc/hosts naming every node.

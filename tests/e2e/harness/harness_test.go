@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/kairos"
 )
 
 // This host's layout (cgroup v1 hybrid, the test process in a nested memory cgroup).
@@ -281,20 +283,19 @@ func TestConfigLayer(t *testing.T) {
 			t.Errorf("containerd config lacks %s", s)
 		}
 	}
-	u := find("etc/systemd/system/" + ClusterConfigUnit).Data
-	for _, s := range []string{"Before=provider-kubernetes-reconcile.service", "-m 0600", OEMClusterFile, "/run/provider-kubernetes/cluster.yaml"} {
-		if !strings.Contains(u, s) {
-			t.Errorf("stand-in unit lacks %s", s)
-		}
-	}
 	if find("etc/systemd/system/multi-user.target.wants/"+FixupUnit).Data != "../"+FixupUnit {
 		t.Error("fixup unit not enabled")
 	}
+	for _, e := range entries {
+		if strings.Contains(e.Path, "cluster") || strings.Contains(e.Data, "/run/provider-kubernetes") {
+			t.Errorf("the config layer writes the provider's cluster file (%s): only Kairos's boot stage may", e.Path)
+		}
+	}
 	// The key follows the content.
-	k := layerKey(entries)
+	k := mustKey(t, entries)
 	changed := slices.Clone(entries)
 	changed[0].Data += "# changed\n"
-	if layerKey(changed) == k {
+	if mustKey(t, changed) == k {
 		t.Error("a content change must change the key")
 	}
 	dir := filepath.Join(t.TempDir(), "layer")
@@ -304,8 +305,76 @@ func TestConfigLayer(t *testing.T) {
 	if l, err := os.Readlink(filepath.Join(dir, "etc/systemd/system/etcd.service")); err != nil || l != "/dev/null" {
 		t.Errorf("mask on disk: %q %v", l, err)
 	}
-	if st, err := os.Stat(filepath.Join(dir, "oem/provider-kubernetes")); err != nil || !st.IsDir() {
-		t.Errorf("oem dir: %v", err)
+}
+
+func mustKey(t *testing.T, entries []layerEntry) string {
+	t.Helper()
+	k, err := layerKey(entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// The Kairos layer is Kairos's own: the agent binary given (by content),
+// kairos-init's notify stage, cos-setup-boot.service byte for byte as Kairos
+// ships it and enabled as systemctl enable does, and the one harness unit
+// that runs the real initramfs stage early.
+func TestKairosLayer(t *testing.T) {
+	agent := filepath.Join(t.TempDir(), "kairos-agent")
+	if err := os.WriteFile(agent, []byte("#!/bin/sh\necho agent v1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	entries := kairosLayer(agent)
+	dir := filepath.Join(t.TempDir(), "layer")
+	if err := writeLayer(dir, entries); err != nil {
+		t.Fatal(err)
+	}
+	read := func(p string) string {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(dir, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	if got := read(kairos.Agent); got != "#!/bin/sh\necho agent v1\n" {
+		t.Errorf("agent %q", got)
+	}
+	if st, err := os.Stat(filepath.Join(dir, kairos.Agent)); err != nil || st.Mode().Perm() != 0o755 {
+		t.Errorf("agent mode %v %v", st, err)
+	}
+	const shipped = "[Unit]\nDescription=cOS system configuration\nBefore=getty.target\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/usr/bin/kairos-agent run-stage boot\n\n[Install]\nWantedBy=multi-user.target\n"
+	if got := read(kairos.CosSetupBootPath); got != shipped {
+		t.Errorf("cos-setup-boot.service is not Kairos's:\n%s", got)
+	}
+	if l, err := os.Readlink(filepath.Join(dir, "etc/systemd/system/multi-user.target.wants", kairos.CosSetupBoot)); err != nil || l != kairos.CosSetupBootPath {
+		t.Errorf("cos-setup-boot.service enabled as %q %v", l, err)
+	}
+	notify := read(kairos.NotifyStageFile)
+	for _, s := range []string{"initramfs:", "kairos-agent notify agent.boot", "/run/cos/recovery_mode", "/run/cos/live_mode"} {
+		if !strings.Contains(notify, s) {
+			t.Errorf("notify stage lacks %q", s)
+		}
+	}
+	init := read("usr/lib/systemd/system/" + kairos.InitramfsUnitName)
+	for _, s := range []string{"ExecStart=/usr/bin/kairos-agent run-stage initramfs", "DefaultDependencies=no", "Before=sysinit.target cos-setup-boot.service"} {
+		if !strings.Contains(init, s) {
+			t.Errorf("initramfs unit lacks %q", s)
+		}
+	}
+	for _, d := range []string{"oem", "usr/local/cloud-config", "system/providers"} {
+		if st, err := os.Stat(filepath.Join(dir, d)); err != nil || !st.IsDir() {
+			t.Errorf("%s: %v", d, err)
+		}
+	}
+	// The key follows the agent's content, not only its path.
+	k := mustKey(t, entries)
+	if err := os.WriteFile(agent, []byte("#!/bin/sh\necho agent v2\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if mustKey(t, entries) == k {
+		t.Error("a new agent binary must change the layer's key")
 	}
 }
 
@@ -323,6 +392,10 @@ func TestParseUnitShow(t *testing.T) {
 		{"ActiveState=activating\nSubState=start\nResult=success\nExecMainStatus=0\nExecMainExitTimestampMonotonic=77\n", false, 0},
 		// Refused: exit 3, failed.
 		{"ActiveState=failed\nSubState=failed\nResult=exit-code\nExecMainStatus=3\nExecMainExitTimestampMonotonic=99\n", true, 3},
+		// Skipped by a condition (no cluster: section): finished, never ran.
+		{"ActiveState=inactive\nSubState=dead\nResult=success\nExecMainStatus=0\nExecMainExitTimestampMonotonic=0\nConditionResult=no\nConditionTimestampMonotonic=4000\n", true, 0},
+		// Its conditions not checked yet (the job waits for its After= units).
+		{"ActiveState=inactive\nSubState=dead\nResult=success\nExecMainStatus=0\nExecMainExitTimestampMonotonic=0\nConditionResult=no\nConditionTimestampMonotonic=0\n", false, 0},
 	} {
 		u := parseUnitShow("u.service", c.out)
 		if u.Finished != c.finished || u.ExecMainStatus != c.status {

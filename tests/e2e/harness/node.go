@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/kairos"
 	"github.com/kairos-io/provider-kubernetes/internal/wait"
 )
 
@@ -668,12 +669,28 @@ func (n *Node) SetTree(dir string) error {
 	return nil
 }
 
-// WriteClusterFile writes the node's cloud-config cluster section (where an
-// operator bumps the pin) into its persistent state, 0600; the stand-in for
-// Kairos's boot stage copies it to /run/provider-kubernetes/cluster.yaml on
-// the next boot.
-func (n *Node) WriteClusterFile(data []byte) error {
-	return n.WriteFile(OEMClusterFile, data, 0o600)
+// WriteCloudConfig writes the operator's cloud-config (a "#cloud-config"
+// document, typically with a cluster: section) to /oem/90_custom.yaml in the
+// node's persistent state, 0600, as an operator does on an installed
+// Kairos node. On every boot kairos-init's initramfs stage sends it to the
+// provider's plugin (agent.boot) and the boot stage runs what the plugin
+// wrote.
+func (n *Node) WriteCloudConfig(data []byte) error {
+	return n.WriteFile(kairos.OEMCloudConfig, data, 0o600)
+}
+
+// EditCloudConfig changes the node's /oem cloud-config in place, as an
+// operator edits it (bumping the pin is an edit of that file).
+func (n *Node) EditCloudConfig(edit func([]byte) ([]byte, error)) error {
+	b, err := n.ReadFile(kairos.OEMCloudConfig)
+	if err != nil {
+		return err
+	}
+	out, err := edit(b)
+	if err != nil {
+		return fmt.Errorf("node %s: edit %s: %w", n.Name, kairos.OEMCloudConfig, err)
+	}
+	return n.WriteCloudConfig(out)
 }
 
 // UnitState is what systemd says about a unit in the current boot.
@@ -683,20 +700,28 @@ type UnitState struct {
 	SubState       string
 	Result         string // success, exit-code, timeout, signal, ...
 	ExecMainStatus int    // the exit code of its main process (the provider's: 0 ok, 1 failed, 3 refused)
-	Finished       bool   // its main process ran and exited in this boot (or the unit failed)
+	Finished       bool   // its main process ran and exited in this boot, the unit failed, or a condition skipped it
+	Skipped        bool   // a Condition*= was false: the unit did not run in this boot
+	// Monotonic microseconds of this boot: when its main process started
+	// and exited (0 when it did not).
+	StartedUS, ExitedUS int64
 }
 
 func (u UnitState) String() string {
+	if u.Skipped {
+		return fmt.Sprintf("%s skipped (a condition was false)", u.Unit)
+	}
 	return fmt.Sprintf("%s %s/%s result=%s status=%d", u.Unit, u.ActiveState, u.SubState, u.Result, u.ExecMainStatus)
 }
 
 // unitShowProps are the properties UnitState reads.
-var unitShowProps = []string{"ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainExitTimestampMonotonic"}
+var unitShowProps = []string{"ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainStartTimestampMonotonic",
+	"ExecMainExitTimestampMonotonic", "ConditionResult", "ConditionTimestampMonotonic"}
 
 // parseUnitShow reads `systemctl show -p ...` output (KEY=VALUE lines).
 func parseUnitShow(unit, out string) UnitState {
 	u := UnitState{Unit: unit}
-	exited := false
+	condFalse, condChecked := false, false
 	for _, l := range strings.Split(out, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(l), "=")
 		if !ok {
@@ -711,11 +736,18 @@ func parseUnitShow(unit, out string) UnitState {
 			u.Result = v
 		case "ExecMainStatus":
 			u.ExecMainStatus, _ = strconv.Atoi(v)
+		case "ExecMainStartTimestampMonotonic":
+			u.StartedUS, _ = strconv.ParseInt(v, 10, 64)
 		case "ExecMainExitTimestampMonotonic":
-			exited = v != "" && v != "0"
+			u.ExitedUS, _ = strconv.ParseInt(v, 10, 64)
+		case "ConditionResult":
+			condFalse = v == "no"
+		case "ConditionTimestampMonotonic":
+			condChecked = v != "" && v != "0"
 		}
 	}
-	u.Finished = u.ActiveState == "failed" || exited && u.ActiveState != "activating" && u.ActiveState != "deactivating"
+	u.Skipped = condFalse && condChecked && u.ExitedUS == 0
+	u.Finished = u.ActiveState == "failed" || u.Skipped || u.ExitedUS > 0 && u.ActiveState != "activating" && u.ActiveState != "deactivating"
 	return u
 }
 
@@ -886,6 +918,15 @@ func (n *Node) Diagnostics(ctx context.Context) string {
 	if running {
 		if units, err := n.FailedUnits(ctx); err == nil {
 			fmt.Fprintf(&b, "--- failed units: %s\n", strings.Join(units, " "))
+			// Each failed unit's own journal: the boot's tail may be all
+			// other units' chatter (kairos-agent's stages are verbose).
+			for _, u := range units {
+				res, err := n.exec(ctx, []string{"journalctl", "-b", "-u", u, "--no-pager", "-n", "40", "-o", "short-monotonic"})
+				fmt.Fprintf(&b, "--- journal of this boot: %s (last 40) ---\n%s\n", u, strings.TrimRight(string(res.Stdout), "\n"))
+				if err != nil {
+					fmt.Fprintf(&b, "(journalctl: %v)\n", err)
+				}
+			}
 		}
 		for _, q := range journalQueries {
 			res, err := n.exec(ctx, append([]string{"journalctl"}, q.args...))

@@ -25,9 +25,9 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 // smokeTree writes a tiny OS tree: a file naming the tree, a unit that
-// records each boot in the node's persistent state, a stand-in for the
-// provider's reconcile unit that records what it found in /run (proving
-// the boot-stage stand-in ran before it), and optionally a failing unit.
+// records each boot in the node's persistent state, a unit named like the
+// provider's reconcile unit and ordered as it is (after Kairos's boot stage)
+// that records what it found in /run, and optionally a failing unit.
 func smokeTree(t testing.TB, label string, failing bool) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "tree-"+label)
@@ -48,9 +48,10 @@ RemainAfterExit=yes
 StateDirectory=pk-smoke
 ExecStart=/bin/sh -c 'cat /usr/share/pk-smoke/tree > /run/pk-smoke-ran; cat /proc/sys/kernel/random/boot_id >> /var/lib/pk-smoke/boots'
 `,
-		// Named like the provider's unit, so the stand-in's Before= applies.
+		// Named like the provider's unit and ordered like it.
 		"usr/lib/systemd/system/provider-kubernetes-reconcile.service": `[Unit]
 Description=e2e smoke: stand-in reconcile, records what the boot stage left in /run
+After=cos-setup-boot.service
 [Service]
 Type=oneshot
 RemainAfterExit=yes
@@ -153,7 +154,7 @@ func mustOut(t testing.TB, ctx context.Context, n *Node, args ...string) string 
 
 // TestNodeLifecycleSmoke boots two real nodes from the base rootfs plus a
 // test tree and walks every lifecycle step the kubeadm scenarios rely on:
-// boot, exec, the boot-stage stand-in, the private network, the A/B swap,
+// boot, exec, Kairos's initramfs and boot stages, the private network, the A/B swap,
 // a hard kill and a boot after it, a degraded boot and its diagnostics,
 // and a cleanup that leaves the host as it was.
 func TestNodeLifecycleSmoke(t *testing.T) {
@@ -180,9 +181,11 @@ func TestNodeLifecycleSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The cluster section, as the harness keeps it in persistent state.
-	cluster := []byte("cluster_token: not-a-real-token\nrole: init\n")
-	if err := n1.WriteClusterFile(cluster); err != nil {
+	// The operator's cloud-config in /oem: yip stages Kairos's own agent
+	// runs, the initramfs stage (early unit) and the boot stage
+	// (cos-setup-boot.service), each leaving a file in /run.
+	cluster := "cluster_token: not-a-real-token\nrole: init\n"
+	if err := n1.WriteCloudConfig([]byte(smokeCloudConfig(cluster))); err != nil {
 		t.Fatal(err)
 	}
 	for k, v := range map[string]string{"kernel.panic": "10", "kernel.panic_on_oops": "1", "vm.overcommit_memory": "1"} {
@@ -249,15 +252,21 @@ func TestNodeLifecycleSmoke(t *testing.T) {
 		}
 	})
 
-	t.Run("boot stage stand-in", func(t *testing.T) {
+	t.Run("kairos stages", func(t *testing.T) {
+		if got := mustOut(t, ctx, n1, "cat", "/run/pk-smoke-initramfs"); got != "initramfs stage ran" {
+			t.Errorf("initramfs stage marker %q", got)
+		}
 		if got := mustOut(t, ctx, n1, "stat", "-c", "%a %U", "/run/provider-kubernetes/cluster.yaml"); got != "600 root" {
 			t.Errorf("cluster file mode/owner %q, want 600 root", got)
 		}
-		if got := mustOut(t, ctx, n1, "cat", "/run/provider-kubernetes/cluster.yaml"); got+"\n" != string(cluster) {
+		if got := mustOut(t, ctx, n1, "cat", "/run/provider-kubernetes/cluster.yaml"); got+"\n" != cluster {
 			t.Errorf("cluster file %q", got)
 		}
 		if got := mustOut(t, ctx, n1, "cat", "/run/pk-smoke-reconcile-saw"); got != "600" {
-			t.Errorf("the reconcile unit found %q, want the 0600 file (stand-in ordered before it)", got)
+			t.Errorf("the reconcile unit found %q, want the 0600 file (ordered after cos-setup-boot.service)", got)
+		}
+		if got := mustOut(t, ctx, n1, "systemctl", "show", "-p", "Result", "--value", "cos-setup-boot.service"); got != "success" {
+			t.Errorf("cos-setup-boot.service result %q", got)
 		}
 		// No cloud-config, no file, and no failure.
 		if got := mustOut(t, ctx, n2, "cat", "/run/pk-smoke-reconcile-saw"); got != "missing" {
@@ -481,4 +490,28 @@ func TestBootFailureIsDiagnosed(t *testing.T) {
 			t.Errorf("cgroup %s left after a failed boot", h.Dir(n.cgroup))
 		}
 	}
+}
+
+// smokeCloudConfig is an operator cloud-config whose yip stages leave
+// marks: the initramfs stage a file in /run, the boot stage the given
+// content as the provider's cluster file (0600).
+func smokeCloudConfig(cluster string) string {
+	return fmt.Sprintf(`#cloud-config
+stages:
+  initramfs:
+  - name: smoke initramfs
+    files:
+    - path: /run/pk-smoke-initramfs
+      permissions: 420
+      content: "initramfs stage ran\n"
+  boot:
+  - name: smoke boot
+    directories:
+    - path: /run/provider-kubernetes
+      permissions: 493
+    files:
+    - path: /run/provider-kubernetes/cluster.yaml
+      permissions: 384
+      content: %q
+`, cluster)
 }
