@@ -124,7 +124,7 @@ func servePlugin(ctx context.Context, r paths.Root, event string, stdin io.Reade
 		return res.Status, res.Err
 	}}
 	if err := plugin.Serve(ctx, o, event, stdin, stdout); err != nil {
-		fmt.Fprintf(stderr, "%s %s: %s\n", plugin.BinaryName, event, runner.Sanitize(err.Error(), 500))
+		fmt.Fprintf(stderr, "%s %s: %s\n", plugin.BinaryName, event, status.Printable(runner.Sanitize(err.Error(), 500)))
 		return reconcile.ExitFailed
 	}
 	return reconcile.ExitOK
@@ -202,7 +202,7 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	r := paths.Root(*root)
 	log, logFile, err := reconcileLogger(r, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "%v\n", err)
+		fmt.Fprintln(stderr, status.Printable(err.Error()))
 		return reconcile.ExitFailed
 	}
 	defer logFile.Close()
@@ -215,7 +215,7 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		Steps: reconcile.Steps{RepairKubelet: repairStep(r, run, log), Bootstrap: boot.Bootstrap, EtcdSnapshot: snapshotStep(r, run, log)},
 	})
 	if res.Err != nil {
-		fmt.Fprintf(stderr, "reconcile: %v\n", res.Err)
+		fmt.Fprintf(stderr, "reconcile: %s\n", status.Printable(res.Err.Error()))
 	}
 	return res.ExitCode
 }
@@ -318,7 +318,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if set["role"] {
 		r, err := plan.ParseRole(*role)
 		if err != nil {
-			fmt.Fprintf(stderr, "--role: %v\n", err)
+			fmt.Fprintf(stderr, "--role: %s\n", status.Printable(err.Error()))
 			return reconcile.ExitUsage
 		}
 		ov.Role = &r
@@ -334,7 +334,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *out == "json" {
 		e := json.NewEncoder(stdout)
 		if err := e.Encode(pl); err != nil {
-			fmt.Fprintf(stderr, "encode: %v\n", err)
+			fmt.Fprintf(stderr, "encode: %s\n", status.Printable(err.Error()))
 			return reconcile.ExitFailed
 		}
 	} else {
@@ -346,8 +346,12 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return reconcile.ExitOK
 }
 
+// printPlan renders the plan for a person. Every value is printed through
+// status.Printable: a pin or a message holding newlines and escape codes
+// must not print a fake verdict over the real one.
 func printPlan(w io.Writer, obs reconcile.Observation, pl plan.Plan) {
 	f := obs.Facts
+	p := status.Printable
 	vs := func(v version.Version) string {
 		if v.IsZero() {
 			return "unknown"
@@ -358,10 +362,10 @@ func printPlan(w io.Writer, obs reconcile.Observation, pl plan.Plan) {
 	if pin == "" {
 		pin = "(not set)"
 	}
-	fmt.Fprintf(w, "Facts:    member=%v role=%s pin=%s bundled=%s node=%s cluster=%s\n", f.Member, orDash(string(f.Role)), pin, vs(f.Bundled), vs(f.Node), vs(f.Cluster))
+	fmt.Fprintf(w, "Facts:    member=%v role=%s pin=%s bundled=%s node=%s cluster=%s\n", f.Member, p(orDash(string(f.Role))), p(pin), vs(f.Bundled), vs(f.Node), vs(f.Cluster))
 	switch pl.Verdict {
 	case plan.VerdictRefuse:
-		fmt.Fprintf(w, "Verdict:  REFUSE %s (%s)\n", pl.Refusal, pl.Reason)
+		fmt.Fprintf(w, "Verdict:  REFUSE %s (%s)\n", p(string(pl.Refusal)), p(pl.Reason))
 	case plan.VerdictNone:
 		fmt.Fprintf(w, "Verdict:  nothing to do\n")
 	default:
@@ -374,12 +378,12 @@ func printPlan(w io.Writer, obs reconcile.Observation, pl plan.Plan) {
 			fmt.Fprintf(w, "          then observe again and decide again\n")
 		}
 	}
-	fmt.Fprintf(w, "Message:  %s\n", pl.Message)
+	fmt.Fprintf(w, "Message:  %s\n", p(pl.Message))
 	for _, x := range pl.Warnings {
-		fmt.Fprintf(w, "Warning:  %s\n", x)
+		fmt.Fprintf(w, "Warning:  %s\n", p(x))
 	}
 	for _, n := range obs.Notes {
-		fmt.Fprintf(w, "Observed: %s\n", runner.Sanitize(n, 300))
+		fmt.Fprintf(w, "Observed: %s\n", p(runner.Sanitize(n, 300)))
 	}
 }
 
@@ -403,14 +407,14 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 	}
 	doc, src, err := status.ReadCurrent(paths.Root(*root))
 	if err != nil {
-		fmt.Fprintf(stderr, "status: %v\n", err)
+		fmt.Fprintf(stderr, "status: %s\n", status.Printable(err.Error()))
 		return reconcile.ExitFailed
 	}
 	if *out == "text" && src == paths.StatusMirror {
 		fmt.Fprintf(stdout, "(from the persistent mirror %s: no pass has run on this boot yet)\n", src)
 	}
 	if err := status.Print(stdout, doc, *out); err != nil {
-		fmt.Fprintf(stderr, "status: %v\n", err)
+		fmt.Fprintf(stderr, "status: %s\n", status.Printable(err.Error()))
 		return reconcile.ExitFailed
 	}
 	return reconcile.ExitOK
@@ -434,11 +438,11 @@ func cmdJoinConfig(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	m, err := joinconfig.Mint(ctx, joinconfig.Options{Root: paths.Root(*root), Runner: runner.Exec{Root: *root}, Role: *role, TTL: *ttl})
 	if err != nil {
-		fmt.Fprintf(stderr, "join-config: %s\n", runner.Sanitize(err.Error(), 1000))
+		fmt.Fprintf(stderr, "join-config: %s\n", status.Printable(runner.Sanitize(err.Error(), 1000)))
 		return reconcile.ExitFailed
 	}
 	if _, err := stdout.Write(m.Section); err != nil {
-		fmt.Fprintf(stderr, "join-config: %v\n", err)
+		fmt.Fprintf(stderr, "join-config: %s\n", status.Printable(err.Error()))
 		return reconcile.ExitFailed
 	}
 	fmt.Fprintf(stderr, "minted join material for a %s: bootstrap token id %s, expires %s\n", m.Role, m.TokenID, m.Expires.Format(time.RFC3339))
@@ -463,7 +467,7 @@ func cmdReset(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 func runReset(ctx context.Context, r paths.Root, stdout, stderr io.Writer) int {
 	log, logFile, err := reconcileLogger(r, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "%v\n", err)
+		fmt.Fprintln(stderr, status.Printable(err.Error()))
 		return reconcile.ExitFailed
 	}
 	defer logFile.Close()

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/plugin"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
 
@@ -157,4 +159,80 @@ func TestReconcileLogHardLinkAndLooseMode(t *testing.T) {
 			t.Fatalf("log mode %v %v", st.Mode(), err)
 		}
 	})
+}
+
+// hostile holds what a file can smuggle into a value: a carriage return,
+// cursor movement, erase-line, a newline starting a fake line, a bidi
+// override, a C1 control and a byte that is not UTF-8.
+const hostile = "v1.37.2\r\x1b[1A\x1b[2KVerdict:  nothing to do\nMessage:  converged\u202e\u0085\xff"
+
+// printedSafely: every line the person sees starts with one of the labels,
+// and no control or format character reaches the terminal.
+func printedSafely(t *testing.T, out string, labels ...string) {
+	t.Helper()
+	for _, l := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+		ok := false
+		for _, p := range labels {
+			ok = ok || strings.HasPrefix(l, p)
+		}
+		if !ok {
+			t.Errorf("a line no label starts (injected?): %q", l)
+		}
+		for _, r := range l {
+			if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == '\u202e' {
+				t.Errorf("control character %U printed in %q", r, l)
+			}
+		}
+	}
+	if strings.Contains(out, "\nVerdict:  nothing to do") {
+		t.Errorf("a fake verdict was printed:\n%s", out)
+	}
+}
+
+// TestPlanEscapesValuesReadFromFiles: a pin holding newlines and escape
+// codes cannot print a fake "nothing to do" over the real refusal.
+func TestPlanEscapesValuesReadFromFiles(t *testing.T) {
+	n := testutil.NewNode(t, "n1")
+	yamlEscaped := `"v1.37.2\r\e[1A\e[2KVerdict:  nothing to do\nMessage:  converged\u202e\x85"`
+	n.ClusterFile("init", yamlEscaped, "")
+	n.Bundle("v1.37.2")
+	code, out, errOut := run("plan", "--root", n.Root)
+	if code != reconcile.ExitRefused || !strings.Contains(out, "REFUSE InvalidPin") {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	printedSafely(t, out, "Facts:", "Verdict:", "Actions:", "Message:", "Warning:", "Observed:", "          ")
+	if !strings.Contains(out, `pin=v1.37.2\r\x1b[1A\x1b[2KVerdict:  nothing to do\nMessage:  converged\u{202e}\x85`) {
+		t.Fatalf("the pin is not shown escaped:\n%s", out)
+	}
+}
+
+// TestStatusTextEscapesEveryField: status -o text prints every value of
+// the document escaped; -o json stays exact (JSON escapes by itself).
+func TestStatusTextEscapesEveryField(t *testing.T) {
+	n := testutil.NewNode(t, "n1")
+	d := status.Document{Phase: hostile, Reason: hostile, Refusal: hostile, Message: hostile, Warnings: []string{hostile, hostile},
+		Role: hostile, Pin: hostile, Bundled: hostile, NodeVersion: hostile, ClusterVersion: hostile, Actions: []string{hostile},
+		LastAction: hostile, EtcdSnapshot: hostile, KubeadmEtcdBackups: &status.Backups{Count: 2, Dir: hostile}, Time: hostile, BootID: hostile}
+	if err := status.Write(n.R(), d); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run("status", "--root", n.Root)
+	if code != 0 {
+		t.Fatalf("exit %d %s", code, errOut)
+	}
+	labels := []string{}
+	for _, l := range []string{"Phase", "Reason", "Refusal", "Message", "Role", "Member", "Pin", "Bundled kubeadm", "Node version",
+		"Cluster version", "Planned actions", "Last action", "etcd snapshot", "kubeadm backups", "Warning", "Time", "Boot ID"} {
+		labels = append(labels, l+":")
+	}
+	printedSafely(t, out, labels...)
+	if got := strings.Count(out, "\n"); got != 18 {
+		t.Fatalf("%d lines, want 18:\n%s", got, out)
+	}
+	code, out, _ = run("status", "--root", n.Root, "-o", "json")
+	var back status.Document
+	stored, err := status.Read(n.R(), paths.StatusFile)
+	if err != nil || code != 0 || json.Unmarshal([]byte(out), &back) != nil || back.Pin != stored.Pin || !strings.Contains(back.Pin, "\x1b[2K") {
+		t.Fatalf("json: %q (%v)", out, err)
+	}
 }

@@ -40,13 +40,13 @@ func cmdEtcdSnapshot(ctx context.Context, args []string, stdout, stderr io.Write
 	}
 	tv, err := version.Parse(*target)
 	if err != nil {
-		fmt.Fprintf(stderr, "--target: %v\n", err)
+		fmt.Fprintf(stderr, "--target: %s\n", status.Printable(err.Error()))
 		return reconcile.ExitUsage
 	}
 	r := paths.Root(*root)
 	log, logFile, err := reconcileLogger(r, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "%v\n", err)
+		fmt.Fprintln(stderr, status.Printable(err.Error()))
 		return reconcile.ExitFailed
 	}
 	defer logFile.Close()
@@ -74,19 +74,19 @@ func cmdPruneKubeadmBackups(ctx context.Context, args []string, stdout, stderr i
 	r := paths.Root(*root)
 	log, logFile, err := reconcileLogger(r, nil)
 	if err != nil {
-		fmt.Fprintf(stderr, "%v\n", err)
+		fmt.Fprintln(stderr, status.Printable(err.Error()))
 		return reconcile.ExitFailed
 	}
 	defer logFile.Close()
 
 	s, err := kubeadmbackup.List(r)
 	if err != nil {
-		fmt.Fprintf(stderr, "prune-kubeadm-backups: %v\n", err)
+		fmt.Fprintf(stderr, "prune-kubeadm-backups: %s\n", status.Printable(err.Error()))
 		log.Error(EventPrune, "outcome", "failed", "error", runner.Sanitize(err.Error(), 300))
 		return reconcile.ExitFailed
 	}
 	for _, n := range s.Skipped {
-		fmt.Fprintf(stdout, "left alone: %s/%s (not a directory, or a symlink)\n", s.Dir, n)
+		fmt.Fprintf(stdout, "left alone: %s/%s (not a directory, or a symlink)\n", s.Dir, status.Printable(n))
 	}
 	rm := kubeadmbackup.Plan(s, *keep)
 	if len(rm) == 0 {
@@ -109,13 +109,13 @@ func cmdPruneKubeadmBackups(ctx context.Context, args []string, stdout, stderr i
 	removed := 0
 	for _, b := range rm {
 		if err := kubeadmbackup.Remove(r, b); err != nil {
-			fmt.Fprintf(stderr, "remove %s/%s: %v\n", s.Dir, b.Name, err)
+			fmt.Fprintf(stderr, "remove %s/%s: %s\n", s.Dir, status.Printable(b.Name), status.Printable(err.Error()))
 			log.Error(EventPrune, "outcome", "failed", "removed", removed, "bytes_freed", freed, "error", runner.Sanitize(err.Error(), 300))
 			return reconcile.ExitFailed
 		}
 		removed++
 		freed += b.Bytes
-		fmt.Fprintf(stdout, "removed %s/%s (%s)\n", s.Dir, b.Name, status.HumanBytes(b.Bytes))
+		fmt.Fprintf(stdout, "removed %s/%s (%s)\n", s.Dir, status.Printable(b.Name), status.HumanBytes(b.Bytes))
 	}
 	fmt.Fprintf(stdout, "kept %d, freed %s; this node is at the cluster's version %s\n", s.Count-removed, status.HumanBytes(freed), facts.ClusterVersion)
 	log.Info(EventPrune, "outcome", "removed", "removed", removed, "kept", s.Count-removed, "bytes_freed", freed, "cluster", facts.ClusterVersion.String())

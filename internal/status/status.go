@@ -94,7 +94,9 @@ func Read(root paths.Root, p string) (Document, error) {
 	return d, nil
 }
 
-// Print renders doc for a person ("text"), or as yaml or json for tools.
+// Print renders doc for a person ("text": every value through Printable,
+// so nothing read from the file can inject a line or a terminal escape),
+// or as yaml or json for tools.
 func Print(w io.Writer, doc Document, format string) error {
 	switch format {
 	case "yaml":
@@ -115,7 +117,7 @@ func Print(w io.Writer, doc Document, format string) error {
 	var sb strings.Builder
 	line := func(k, v string) {
 		if v != "" {
-			fmt.Fprintf(&sb, "%-16s %s\n", k+":", v)
+			fmt.Fprintf(&sb, "%-16s %s\n", k+":", Printable(v))
 		}
 	}
 	line("Phase", doc.Phase)
