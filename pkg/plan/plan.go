@@ -180,6 +180,18 @@ func Decide(w version.Window, f Facts) Plan {
 	c := f.Cluster
 	cp := f.Role.ControlPlane()
 
+	// A newer pin than the image ships is a hard error, also for a node
+	// already at the pin: that is an OS rollback to the other, older slot,
+	// whose kubeadm cannot manage what the cluster already runs.
+	if p.Compare(b) > 0 {
+		if p == n {
+			return refuse(PinNewerThanImage, "this node already runs the pin %s but the image bundles kubeadm %s: an OS rollback to an older image? "+
+				"Nothing runs: boot the image for %s again, or, to go back to %s, restore an etcd snapshot and set the pin to %s (an OS rollback alone does not roll the cluster back)",
+				p, b, p.MinorOf(), b.MinorOf(), b)
+		}
+		return refuse(PinNewerThanImage, "pin %s is newer than the kubeadm %s this image bundles: boot the image for %s (node at %s)", p, b, p.MinorOf(), n)
+	}
+
 	// 3. Converged: a newer image with the old pin is deliberately a no-op.
 	// One exception: a control plane whose manifests already moved to the pin
 	// while the cluster still reads older is an upgrade apply that was
@@ -194,9 +206,6 @@ func Decide(w version.Window, f Facts) Plan {
 		if b.MinorOf() != n.MinorOf() && n.Less(b) {
 			pl.Warnings = append(pl.Warnings, fmt.Sprintf("the image bundles kubelet %s, a newer minor than this node's %s: the kubelet on disk is newer than the cluster (skew risk); bump the pin to %s to upgrade or boot the %s image", b, n, b, n.MinorOf()))
 		}
-		if b.MinorOf() != n.MinorOf() && b.Less(n) {
-			pl.Warnings = append(pl.Warnings, fmt.Sprintf("the image bundles kubeadm %s, an older minor than this node's %s (an OS rollback?): boot the %s image to manage this node", b, n, n.MinorOf()))
-		}
 		if !c.IsZero() && n.Less(c) {
 			pl.Warnings = append(pl.Warnings, fmt.Sprintf("the cluster is at %s, ahead of this node's %s: bump the pin and boot the matching image to follow", c, n))
 		}
@@ -204,9 +213,6 @@ func Decide(w version.Window, f Facts) Plan {
 	}
 
 	// 4. A change is asked for: it must be one supported step to exactly the image.
-	if p.Compare(b) > 0 {
-		return refuse(PinNewerThanImage, "pin %s is newer than the kubeadm %s this image bundles: boot the image for %s (node at %s)", p, b, p.MinorOf(), n)
-	}
 	if p.Less(n) {
 		return refuse(Downgrade, "pin %s is older than this node's %s: downgrades are not supported (image %s)", p, n, b)
 	}

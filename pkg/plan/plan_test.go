@@ -78,11 +78,14 @@ func TestDecide(t *testing.T) {
 		{name: "converged cluster ahead warns", member: true, role: RoleWorker, pin: "v1.36.3", bundled: "v1.36.3", node: "v1.36.3", clustr: "v1.37.2", verdict: VerdictNone, warnings: 1},
 		{name: "converged cluster unknown", member: true, role: RoleWorker, pin: "v1.36.3", bundled: "v1.36.3", node: "v1.36.3", clustr: "", verdict: VerdictNone},
 		{name: "converged both warnings", member: true, role: RoleWorker, pin: "v1.36.3", bundled: "v1.37.2", node: "v1.36.3", clustr: "v1.37.2", verdict: VerdictNone, warnings: 2},
-		{name: "rollback image older than node warns", member: true, role: RoleControlPlane, pin: "v1.37.2", bundled: "v1.36.3", node: "v1.37.2", clustr: "v1.37.2", verdict: VerdictNone, warnings: 1},
+		// An OS rollback of a node already at the pin: a newer pin than the image is a hard error.
+		{name: "rollback: node at the pin, image a minor older", member: true, role: RoleControlPlane, pin: "v1.37.2", bundled: "v1.36.3", node: "v1.37.2", clustr: "v1.37.2", verdict: VerdictRefuse, refusal: PinNewerThanImage, reason: ReasonUpgradeRefused},
+		{name: "rollback: worker at the pin, image a minor older", member: true, role: RoleWorker, pin: "v1.37.2", bundled: "v1.36.3", node: "v1.37.2", clustr: "v1.37.2", verdict: VerdictRefuse, refusal: PinNewerThanImage, reason: ReasonUpgradeRefused},
+		{name: "rollback: node at the pin, image a patch older", member: true, role: RoleWorker, pin: "v1.37.2", bundled: "v1.37.1", node: "v1.37.2", clustr: "v1.37.2", verdict: VerdictRefuse, refusal: PinNewerThanImage, reason: ReasonUpgradeRefused},
 		{name: "converged 1.34 node on a 1.35 image, old pin", member: true, role: RoleControlPlane, pin: "v1.34.5", bundled: "v1.35.4", node: "v1.34.5", clustr: "v1.34.5", verdict: VerdictNone, warnings: 1},
 
 		{name: "interrupted apply resumes", member: true, role: RoleControlPlane, pin: "v1.37.2", bundled: "v1.37.2", node: "v1.37.2", clustr: "v1.36.3", verdict: VerdictAct, actions: apply},
-		{name: "interrupted apply, image rolled back: no resume", member: true, role: RoleControlPlane, pin: "v1.37.2", bundled: "v1.36.3", node: "v1.37.2", clustr: "v1.36.3", verdict: VerdictNone, warnings: 1},
+		{name: "interrupted apply, image rolled back: refused, no resume", member: true, role: RoleControlPlane, pin: "v1.37.2", bundled: "v1.36.3", node: "v1.37.2", clustr: "v1.36.3", verdict: VerdictRefuse, refusal: PinNewerThanImage, reason: ReasonUpgradeRefused},
 		{name: "worker at pin, cluster behind: nothing", member: true, role: RoleWorker, pin: "v1.37.2", bundled: "v1.37.2", node: "v1.37.2", clustr: "v1.36.3", verdict: VerdictNone},
 
 		// 4. refusals of a change
@@ -177,6 +180,36 @@ func TestRefusalCarriesNoAction(t *testing.T) {
 							// Nothing mutating unless the pin equals the image exactly.
 							if pl.Verdict == VerdictAct && p != b {
 								t.Fatalf("acts with pin %s != image %s: %+v", p, b, pl)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// upgrades.md: "A newer pin than the image ships is a hard error, refused
+// before anything runs" — for every member, whatever its version, the
+// cluster's or its role, including one already at the pin (an OS rollback
+// to the other slot), whose message names the rollback and what to do.
+func TestPinNewerThanImageIsAlwaysRefused(t *testing.T) {
+	vs := []string{"", "v1.35.4", "v1.36.3", "v1.37.1", "v1.37.2"}
+	for _, member := range []bool{false, true} {
+		for _, role := range []Role{RoleInit, RoleControlPlane, RoleWorker} {
+			for _, p := range vs[1:] {
+				for _, b := range vs[1:] {
+					for _, n := range vs[1:] {
+						for _, c := range vs {
+							if v(p).Compare(v(b)) <= 0 {
+								continue
+							}
+							pl := Decide(window, Facts{Member: member, Role: role, Pin: p, Bundled: v(b), Node: v(n), Cluster: v(c)})
+							if pl.Refusal != PinNewerThanImage || len(pl.Actions) != 0 {
+								t.Fatalf("member=%v %s p=%s b=%s n=%s c=%s: %s %s", member, role, p, b, n, c, pl.Refusal, pl.Message)
+							}
+							if member && p == n && (!strings.Contains(pl.Message, "OS rollback") || !strings.Contains(pl.Message, "boot the image for "+v(p).MinorOf().String())) {
+								t.Fatalf("rollback message %q", pl.Message)
 							}
 						}
 					}
