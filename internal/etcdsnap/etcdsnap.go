@@ -341,7 +341,7 @@ func (a *attempt) name(clusterID uint64) string {
 // (the attempt's bound): nothing is removed then.
 func (a *attempt) existing(ctx context.Context, v cryptgate.Verdict, clusterID uint64) (string, error) {
 	dir := a.o.Root.Path(paths.EtcdBackupDir)
-	ents, err := os.ReadDir(dir)
+	ents, err := fsutil.ReadDir(dir)
 	if err != nil {
 		return "", fmt.Errorf("read %s: %s", paths.EtcdBackupDir, bare(err))
 	}
@@ -442,7 +442,7 @@ func (a *attempt) lock() error {
 // encrypted storage; they never counted).
 func (a *attempt) removeStale() {
 	dir := a.o.Root.Path(paths.EtcdBackupDir)
-	ents, err := os.ReadDir(dir)
+	ents, err := fsutil.ReadDir(dir)
 	if err != nil {
 		return
 	}
@@ -535,7 +535,7 @@ func syncDir(dir string) { fsutil.SyncDir(dir) }
 // now that a new one is verified. Only regular files with our names.
 func (a *attempt) prune(keep string) int {
 	dir := a.o.Root.Path(paths.EtcdBackupDir)
-	ents, err := os.ReadDir(dir)
+	ents, err := fsutil.ReadDir(dir)
 	if err != nil {
 		return 0
 	}

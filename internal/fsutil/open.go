@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -210,6 +211,22 @@ func EnsureDir(dir string, mode os.FileMode) (movedAside string, err error) {
 		}
 	}
 	return "", nil
+}
+
+// ReadDir lists a directory like os.ReadDir (sorted by name), opening it
+// without following a symlink and without blocking: a FIFO or anything but
+// a directory at path is an ErrNotRegular naming it (os.ReadDir's open
+// blocks on a FIFO).
+func ReadDir(path string) ([]os.DirEntry, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, openErr(path, err, "a directory")
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	ents, err := f.ReadDir(-1)
+	sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
+	return ents, err
 }
 
 // SyncDir fsyncs a directory (after a rename in it), best effort.

@@ -228,3 +228,26 @@ func TestEnsureDirSharedAndTrusted(t *testing.T) {
 		t.Fatalf("fifo: %v", err)
 	}
 }
+
+func TestReadDirRefusesWhatIsNotADirectory(t *testing.T) {
+	dir := t.TempDir()
+	for _, kind := range []string{testutil.FIFO, testutil.Socket} {
+		p := filepath.Join(dir, kind)
+		testutil.Plant(t, p, kind)
+		var err error
+		testutil.Within(t, 5*time.Second, "ReadDir of a "+kind, func() { _, err = fsutil.ReadDir(p) }, func() { testutil.Unblock(p) })
+		if !errors.Is(err, fsutil.ErrNotRegular) || !strings.Contains(err.Error(), p+" is a") {
+			t.Fatalf("%s: %v", kind, err)
+		}
+	}
+	if err := os.Symlink(t.TempDir(), filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fsutil.ReadDir(filepath.Join(dir, "link")); !errors.Is(err, fsutil.ErrSymlink) {
+		t.Fatalf("symlink: %v", err)
+	}
+	ents, err := fsutil.ReadDir(dir)
+	if err != nil || len(ents) != 3 || ents[0].Name() != "fifo" || ents[1].Name() != "link" {
+		t.Fatalf("%v %v", ents, err)
+	}
+}

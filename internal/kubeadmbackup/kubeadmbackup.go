@@ -14,8 +14,10 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
@@ -67,13 +69,13 @@ func List(root paths.Root) (Summary, error) {
 			return s, fmt.Errorf("%s is a %w: not followed", cur, ErrSymlink)
 		}
 		if !st.IsDir() {
-			return s, fmt.Errorf("%s is not a directory", cur)
+			return s, fmt.Errorf("%s is %s, not a directory", cur, kind(st))
 		}
 	}
 	dir := root.Path(paths.KubeadmTmpDir)
-	ents, err := os.ReadDir(dir)
+	ents, err := fsutil.ReadDir(dir)
 	if err != nil {
-		return s, fmt.Errorf("read %s: %w", paths.KubeadmTmpDir, errors.Unwrap(err))
+		return s, fmt.Errorf("read %s: %w", paths.KubeadmTmpDir, err)
 	}
 	for _, e := range ents {
 		if !strings.HasPrefix(e.Name(), Prefix) {
@@ -184,4 +186,12 @@ func Remove(root paths.Root, b Backup) error {
 		return fmt.Errorf("%s is no longer a directory", b.Name)
 	}
 	return os.RemoveAll(p)
+}
+
+// kind names what a path holds (a FIFO, a socket, ...) for an error.
+func kind(st os.FileInfo) string {
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		return fsutil.Kind(sys.Mode)
+	}
+	return "not a directory"
 }

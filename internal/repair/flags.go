@@ -7,7 +7,6 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -106,7 +105,7 @@ func ScanText(text []byte, target version.Minor) []string {
 func Scan(root paths.Root, target version.Minor) []Finding {
 	files := append([]string{KubeadmFlagsEnv}, KubeletFlagFiles...)
 	for _, d := range KubeletDropInDirs {
-		ents, err := os.ReadDir(root.Path(d))
+		ents, err := fsutil.ReadDir(root.Path(d))
 		if err != nil {
 			continue
 		}
