@@ -43,9 +43,21 @@ fmt-check:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
+# Arbitrary bytes for every file the provider parses (30 s each).
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./pkg/version/
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./pkg/clusterconfig/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s ./pkg/version/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s ./pkg/clusterconfig/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s ./internal/bundle/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s ./internal/imagelock/
+	$(GO) test -run '^$$' -fuzz '^FuzzStaticPodManifest$$' -fuzztime 30s ./internal/observe/
+	$(GO) test -run '^$$' -fuzz '^FuzzGate$$' -fuzztime 30s ./internal/cryptgate/
+	$(GO) test -run '^$$' -fuzz '^FuzzFlagFiles$$' -fuzztime 30s ./internal/repair/
+	$(GO) test -run '^$$' -fuzz '^FuzzEtcdFiles$$' -fuzztime 30s ./internal/etcdsnap/
+	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime 30s ./internal/status/
+	$(GO) test -run '^$$' -fuzz '^FuzzPrintable$$' -fuzztime 30s ./internal/status/
+	$(GO) test -run '^$$' -fuzz '^FuzzKubeconfig$$' -fuzztime 30s ./internal/kube/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadEvent$$' -fuzztime 30s ./internal/plugin/
+	$(GO) test -run '^$$' -fuzz '^FuzzPlanOverHostFiles$$' -fuzztime 30s ./internal/cli/
 
 # The filesystem tree of one per-minor OS image (build/tree-$(MINOR)), offline:
 # binaries and control-plane images built from Go modules, cached by version.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -69,6 +70,22 @@ var ErrTooLarge = errors.New("file too large")
 // symlink in the last component and, without blocking, anything but a
 // regular file (a FIFO, socket, device or directory: ErrNotRegular).
 func ReadFileNoFollow(path string, limit int64) ([]byte, error) {
+	return readFile(path, limit, false)
+}
+
+// ErrUntrusted: a file the provider acts on could have been written by
+// someone else.
+var ErrUntrusted = errors.New("not root's own")
+
+// ReadFileTrusted is ReadFileNoFollow for a file the provider acts on and
+// only root writes (the cluster file, the plugin's record): it must also be
+// owned by the provider's user (root) and writable by nobody else, or it is
+// refused (ErrUntrusted) rather than trusted.
+func ReadFileTrusted(path string, limit int64) ([]byte, error) {
+	return readFile(path, limit, true)
+}
+
+func readFile(path string, limit int64, trusted bool) ([]byte, error) {
 	f, err := OpenRegular(path)
 	if err != nil {
 		return nil, err
@@ -77,6 +94,16 @@ func ReadFileNoFollow(path string, limit int64) ([]byte, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err
+	}
+	if trusted {
+		sys, ok := st.Sys().(*syscall.Stat_t)
+		if !ok || int(sys.Uid) != os.Geteuid() || st.Mode().Perm()&0o022 != 0 {
+			uid := -1
+			if ok {
+				uid = int(sys.Uid)
+			}
+			return nil, fmt.Errorf("%s: %w (uid %d, mode %04o): refusing to act on a file someone else could have written", path, ErrUntrusted, uid, st.Mode().Perm())
+		}
 	}
 	if st.Size() > limit {
 		return nil, fmt.Errorf("%s: %w (%d bytes, limit %d)", path, ErrTooLarge, st.Size(), limit)

@@ -58,13 +58,13 @@ func (o *Observer) Config() (Config, error) {
 	}
 	// The plugin refused this boot's section: the boot stage wrote the
 	// previous one. Acting on it would not be what the operator asked for.
-	if msg, merr := fsutil.ReadFileNoFollow(o.Root.Path(paths.PluginError), 4<<10); merr == nil {
+	if msg, merr := fsutil.ReadFileTrusted(o.Root.Path(paths.PluginError), 4<<10); merr == nil {
 		return Config{}, fmt.Errorf("the cloud-config's cluster: section was refused at boot (%s); the cluster file holds the previous section, so nothing runs: fix the section under /oem, check it with kairos-agent notify agent.boot, and reboot",
 			strings.TrimSpace(string(msg)))
 	} else if !errors.Is(merr, os.ErrNotExist) {
 		return Config{}, fmt.Errorf("read %s: %w", paths.PluginError, merr)
 	}
-	b, err := fsutil.ReadFileNoFollow(o.Root.Path(p), clusterconfig.MaxSize)
+	b, err := fsutil.ReadFileTrusted(o.Root.Path(p), clusterconfig.MaxSize)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			if _, yerr := os.Lstat(o.Root.Path(paths.ClusterYipFile)); yerr == nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/pkg/plan"
 )
 
@@ -58,5 +59,44 @@ func TestRefusedSectionIsReported(t *testing.T) {
 	}
 	if len(e.lines()) != 0 {
 		t.Fatalf("ran %q", e.lines())
+	}
+}
+
+// The cluster file decides what runs: one another user owns, or one others
+// can write, is refused rather than acted on (the boot stage writes it 0600
+// root).
+func TestUntrustedClusterFileIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, p string)
+	}{
+		{"group-writable", func(t *testing.T, p string) {
+			if err := os.Chmod(p, 0o620); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"world-writable", func(t *testing.T, p string) {
+			if err := os.Chmod(p, 0o602); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"another owner", func(t *testing.T, p string) {
+			testutil.RequireRoot(t)
+			if err := os.Chown(p, 4242, 4242); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
+			tc.setup(t, e.node.Path(paths.ClusterFile))
+			res := e.run(Steps{})
+			if res.ExitCode != ExitRefused || res.Plan.Refusal != plan.InvalidPin || !strings.Contains(res.Plan.Message, "refusing to act on a file someone else could have written") {
+				t.Fatalf("exit %d %+v", res.ExitCode, res.Plan)
+			}
+			if len(e.lines()) != 0 {
+				t.Fatalf("ran %q", e.lines())
+			}
+		})
 	}
 }

@@ -111,7 +111,12 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(good))
 	f.Add([]byte("role: worker\nconfig: \"clusterConfiguration: {kubernetesVersion: v1.36.3}\"\n"))
 	f.Add([]byte("config: {a: b}\n"))
+	f.Add([]byte("#cloud-config\ncluster:\n  role: init\n  providerConfig: {budget.verify: 1m}\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		// The whole cloud-config the plugin is handed, too.
+		if _, _, err := ParseCloudConfig(b); err != nil && !errors.Is(err, ErrInvalid) {
+			t.Fatalf("cloud-config error not ErrInvalid: %v", err)
+		}
 		c, err := Parse(b)
 		if err != nil {
 			if !errors.Is(err, ErrInvalid) {
