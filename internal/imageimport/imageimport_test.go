@@ -20,13 +20,13 @@ import (
 )
 
 type bundle struct {
-	t    *testing.T
+	t    testing.TB
 	root string
 	lock imagelock.Lock
 	mani map[string]string
 }
 
-func newBundle(t *testing.T) *bundle {
+func newBundle(t testing.TB) *bundle {
 	b := &bundle{t: t, root: t.TempDir(), mani: map[string]string{}}
 	if err := os.MkdirAll(b.dir(), 0o755); err != nil {
 		t.Fatal(err)
@@ -39,9 +39,15 @@ func (b *bundle) dir() string { return paths.Root(b.root).Path(paths.ImagesDir) 
 // add builds a small image named ref into file and records it in the lock.
 func (b *bundle) add(ref, file, content string) string {
 	b.t.Helper()
+	return b.addEntry(ref, file, oci.Entry{Path: "bin/x", Data: []byte(content), Mode: 0o755})
+}
+
+// addEntry builds an image of one file named ref into file and records it in the lock.
+func (b *bundle) addEntry(ref, file string, e oci.Entry) string {
+	b.t.Helper()
 	p := filepath.Join(b.dir(), file)
 	w, err := oci.WriteFile(p, oci.Image{Ref: ref, Config: oci.Config{Entrypoint: []string{"/bin/x"}},
-		Entries: []oci.Entry{{Path: "bin/x", Data: []byte(content), Mode: 0o755}}})
+		Entries: []oci.Entry{e}})
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -72,7 +78,7 @@ func (b *bundle) run(address string, r runner.Runner, clk *testutil.Clock) (Resu
 	return res, log.String()
 }
 
-func mustLook(t *testing.T, name string) string {
+func mustLook(t testing.TB, name string) string {
 	p, err := exec.LookPath(name)
 	if err != nil {
 		return "/usr/bin/" + name
@@ -80,7 +86,7 @@ func mustLook(t *testing.T, name string) string {
 	return p
 }
 
-func listed(t *testing.T, address string) map[string]string {
+func listed(t testing.TB, address string) map[string]string {
 	t.Helper()
 	out, err := testutil.Command(t, time.Minute, "ctr", "--address", address, "-n", "k8s.io", "images", "ls").Output()
 	if err != nil {
