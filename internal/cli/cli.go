@@ -295,8 +295,9 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := fs.String("root", "/", "host root every path is read under")
 	clusterFile := fs.String("cluster-file", paths.ClusterFile, "cluster file (host path under --root)")
 	out := fs.String("o", "text", "output: text or json")
-	var bundled, nodeV, clusterV versionFlag
+	var bundled, nodeV, clusterV, verified versionFlag
 	fs.Var(&bundled, "bundled", "bundled kubeadm version, or unknown")
+	fs.Var(&verified, "verified", "the version this node was last verified at (the provider's record), or unknown")
 	fs.Var(&nodeV, "node-version", "this node's version, or unknown")
 	fs.Var(&clusterV, "cluster-version", "the cluster's version, or unknown")
 	pin := fs.String("pin", "", "the pin (clusterConfiguration.kubernetesVersion), as written")
@@ -311,7 +312,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	ov := reconcile.Overrides{Bundled: bundled.ptr(), Node: nodeV.ptr(), Cluster: clusterV.ptr()}
+	ov := reconcile.Overrides{Bundled: bundled.ptr(), Node: nodeV.ptr(), Cluster: clusterV.ptr(), Verified: verified.ptr()}
 	if set["pin"] {
 		ov.Pin = pin
 	}

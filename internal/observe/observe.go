@@ -250,6 +250,24 @@ func (o *Observer) WorkerVersion(ctx context.Context, client *kube.Client) (vers
 	return version.Version{}, "", fmt.Errorf("worker version: %w", errors.Join(errs...))
 }
 
+// VerifiedVersion is the last version this node was verified at, from the
+// provider's persistent record (paths.VerifiedRecord); zero, with no
+// error, when there is no record (a node bootstrapped by an older release).
+func (o *Observer) VerifiedVersion() (version.Version, error) {
+	b, err := fsutil.ReadFileTrusted(o.Root.Path(paths.VerifiedRecord), 4<<10)
+	if errors.Is(err, os.ErrNotExist) {
+		return version.Version{}, nil
+	}
+	if err != nil {
+		return version.Version{}, fmt.Errorf("read %s: %w", paths.VerifiedRecord, err)
+	}
+	v, err := version.Parse(strings.TrimSpace(string(b)))
+	if err != nil {
+		return version.Version{}, fmt.Errorf("%s: %w", paths.VerifiedRecord, err)
+	}
+	return v, nil
+}
+
 // Hostname is the node's hostname from /proc under the root.
 func (o *Observer) Hostname() string {
 	b, err := fsutil.ReadFileNoFollow(o.Root.Path(paths.Hostname), 64<<10)

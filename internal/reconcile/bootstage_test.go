@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"context"
 	"os"
 	"strings"
 	"testing"
@@ -98,5 +99,33 @@ func TestUntrustedClusterFileIsRefused(t *testing.T) {
 				t.Fatalf("ran %q", e.lines())
 			}
 		})
+	}
+}
+
+// The verified-version record is written by a pass that verified or
+// bootstrapped the node, never by one that only observed it.
+func TestVerifiedRecordIsWrittenOnlyAfterVerifyOrBootstrap(t *testing.T) {
+	// A bootstrap writes it.
+	e := newEnv(t, "init", "v1.37.2", "v1.37.2", "", "", "")
+	res := e.run(Steps{Bootstrap: func(context.Context, plan.Action, Observation) error { return nil }})
+	if res.ExitCode != ExitOK || strings.TrimSpace(e.node.Read(paths.VerifiedRecord)) != "v1.37.2" || res.Status.VerifiedVersion != "v1.37.2" {
+		t.Fatalf("after init: exit %d, record %q, status %q", res.ExitCode, e.node.Read(paths.VerifiedRecord), res.Status.VerifiedVersion)
+	}
+	// A converged pass on a node without a record writes none.
+	e = newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "")
+	if err := os.Remove(e.node.Path(paths.VerifiedRecord)); err != nil {
+		t.Fatal(err)
+	}
+	res = e.run(Steps{})
+	if res.ExitCode != ExitOK || len(e.lines()) != 0 || e.node.Exists(paths.VerifiedRecord) {
+		t.Fatalf("a converged pass: exit %d, ran %q, record written %v", res.ExitCode, e.lines(), e.node.Exists(paths.VerifiedRecord))
+	}
+	// A failed verification leaves the old record: the next boot tries again.
+	e = newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "")
+	e.node.Write(paths.VerifiedRecord, "v1.36.3\n", 0o644)
+	e.fail = "/usr/bin/systemctl restart kubelet"
+	res = e.run(Steps{})
+	if res.ExitCode != ExitFailed || strings.TrimSpace(e.node.Read(paths.VerifiedRecord)) != "v1.36.3" {
+		t.Fatalf("a failed finish: exit %d, record %q", res.ExitCode, e.node.Read(paths.VerifiedRecord))
 	}
 }

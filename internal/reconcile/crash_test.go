@@ -103,12 +103,14 @@ func TestCrashInjectionMatrix(t *testing.T) {
 		}
 	}
 	type flow struct {
-		name                    string
-		role, node, cluster     string
-		points                  []crashPoint
-		secondRuns              map[string][]string // crash point -> commands of the pass after the reboot
-		defaultSecond           []string
-		convergedOnAlreadyMoved []string // crash points after which the next boot runs nothing
+		name                string
+		role, node, cluster string
+		points              []crashPoint
+		defaultSecond       []string
+		// crash points after kubeadm finished: the next boot only finishes
+		// the upgrade (the kubelet restart and verify), the verified-version
+		// record being older than the pin.
+		finishOnly []string
 	}
 	flows := []flow{
 		{
@@ -123,8 +125,8 @@ func TestCrashInjectionMatrix(t *testing.T) {
 				{name: "after daemon-reload, before kubelet restart", at: "/usr/bin/systemctl restart kubelet"},
 				{name: "during the kubelet restart, before verify", at: "/usr/bin/systemctl restart kubelet", effects: func(e *env) { e.api.SetNode("n1", "v1.37.2", true) }},
 			},
-			defaultSecond:           applyLines,
-			convergedOnAlreadyMoved: []string{"after apply, before daemon-reload", "after daemon-reload, before kubelet restart", "during the kubelet restart, before verify"},
+			defaultSecond: applyLines,
+			finishOnly:    []string{"after apply, before daemon-reload", "after daemon-reload, before kubelet restart", "during the kubelet restart, before verify"},
 		},
 		{
 			name: "follower control plane (upgrade node)", role: "controlplane", node: "v1.36.3", cluster: "v1.37.2",
@@ -133,8 +135,8 @@ func TestCrashInjectionMatrix(t *testing.T) {
 				{name: "during upgrade node: apiserver manifest written", at: "/usr/bin/kubeadm upgrade node", effects: manifests("v1.37.2", "v1.36.3")},
 				{name: "after upgrade node, before kubelet restart", at: "/usr/bin/systemctl daemon-reload"},
 			},
-			defaultSecond:           nodeLines,
-			convergedOnAlreadyMoved: []string{"after upgrade node, before kubelet restart"},
+			defaultSecond: nodeLines,
+			finishOnly:    []string{"after upgrade node, before kubelet restart"},
 		},
 		{
 			name: "worker (upgrade node)", role: "worker", node: "v1.36.3", cluster: "v1.37.2",
@@ -166,11 +168,17 @@ func TestCrashInjectionMatrix(t *testing.T) {
 					t.Fatalf("second boot: exit %d %v\n%s", res.ExitCode, res.Err, e2.logBuf.String())
 				}
 				want := f.defaultSecond
-				if contains(f.convergedOnAlreadyMoved, cp.name) {
-					want = nil
+				if contains(f.finishOnly, cp.name) {
+					want = finishLines
 				}
-				if got := e2.lines(); !reflect.DeepEqual(got, want) && !(len(got) == 0 && len(want) == 0) {
+				if got := e2.lines(); !reflect.DeepEqual(got, want) {
 					t.Fatalf("second boot ran %q, want %q", got, want)
+				}
+				if !res.Plan.Has(plan.ActionVerify) || !strings.Contains(e2.logBuf.String(), "msg=verify outcome=ok") {
+					t.Fatalf("the next boot did not verify: %v\n%s", res.Plan.Actions, e2.logBuf.String())
+				}
+				if got := strings.TrimSpace(e2.node.Read(paths.VerifiedRecord)); got != "v1.37.2" {
+					t.Fatalf("verified-version record %q after the verified boot", got)
 				}
 				if e.cp {
 					o := e2.obsv()

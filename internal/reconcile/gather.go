@@ -19,6 +19,9 @@ type Overrides struct {
 	Cluster *version.Version // zero means unknown
 	Role    *plan.Role
 	Member  *bool
+	// Verified is the last verified version (zero: no record). Not given
+	// with every other fact given, it is unknown rather than read.
+	Verified *version.Version
 }
 
 // Complete reports whether every fact is given, so nothing is read from the node.
@@ -125,6 +128,16 @@ func Gather(ctx context.Context, o *observe.Observer, ov Overrides, clusterBudge
 			note("node version from " + src)
 		}
 		f.Node = v
+	}
+
+	if ov.Verified != nil {
+		f.Verified = *ov.Verified
+	} else if ov.Complete() {
+		// Every fact given: nothing is read from the node.
+	} else if v, err := o.VerifiedVersion(); err != nil {
+		note("verified version: " + err.Error())
+	} else {
+		f.Verified = v
 	}
 
 	if ov.Cluster != nil {

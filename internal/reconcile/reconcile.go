@@ -47,6 +47,7 @@ const (
 	EventStatusFailed   = "status-write-failed"
 	EventStepUnavailble = "step-unavailable"
 	EventObserve        = "observe"
+	EventVerifiedRecord = "verified-record"
 )
 
 // Failure reasons in the status document.
@@ -153,6 +154,15 @@ func Run(ctx context.Context, opts Options) Result {
 	return p.run(ctx)
 }
 
+// writeVerified records v as the version this node was last verified at.
+func writeVerified(root paths.Root, v version.Version) error {
+	full := root.Path(paths.VerifiedRecord)
+	if err := fsutil.MkdirAllMode(filepath.Dir(full), 0o755); err != nil {
+		return err
+	}
+	return fsutil.WriteFileAtomic(full, []byte(v.String()+"\n"), 0o644)
+}
+
 // Lock takes the per-node pass lock (flock on /run/provider-kubernetes/reconcile.lock).
 func Lock(root paths.Root) (func(), error) {
 	lp := root.Path(paths.LockFile)
@@ -249,6 +259,16 @@ func (p *pass) run(ctx context.Context) Result {
 	p.setDoc(obs, pl, status.PhaseConverged)
 	p.doc.NodeVersion = pl.Pin.String()
 	p.doc.Message = "converged at " + pl.Pin.String()
+	if pl.Has(plan.ActionVerify) || pl.Has(plan.ActionInit) || pl.Has(plan.ActionJoin) {
+		// Only now is the node known to run the pin: a crash before this
+		// line makes the next boot finish the kubelet restart and verify.
+		if err := writeVerified(p.Root, pl.Pin); err != nil {
+			p.Log.Warn(EventVerifiedRecord, "outcome", "failed", "error", runner.Sanitize(err.Error(), 300))
+			p.doc.Warnings = append(p.doc.Warnings, "the verified-version record was not written (the next boot verifies again): "+runner.Sanitize(err.Error(), 300))
+		} else {
+			p.doc.VerifiedVersion = pl.Pin.String()
+		}
+	}
 	p.writeStatus()
 	p.Log.Info(EventDone, "outcome", "converged", "node", pl.Pin.String(), "actions", actionList(pl.Actions))
 	return Result{Plan: pl, Status: p.doc, ExitCode: ExitOK}
@@ -532,6 +552,7 @@ func (p *pass) setDoc(obs Observation, pl plan.Plan, phase string) {
 	d.Phase, d.Reason, d.Refusal, d.Message = phase, "", "", ""
 	d.Role, d.Member, d.Pin = string(f.Role), f.Member, f.Pin
 	d.Bundled, d.NodeVersion, d.ClusterVersion = vs(f.Bundled), vs(f.Node), vs(f.Cluster)
+	d.VerifiedVersion = vs(f.Verified)
 	d.Warnings = append(append([]string(nil), pl.Warnings...), p.notes...)
 	p.kubeadmBackups()
 	d.Actions = nil

@@ -51,6 +51,8 @@ func newEnv(t *testing.T, role, pin, bundled, nodeV, clusterV string, extraConfi
 	}
 	if nodeV != "" {
 		e.node.Member(e.api)
+		// The provider's record of the version this node was last verified at.
+		e.node.Write(paths.VerifiedRecord, nodeV+"\n", 0o644)
 		e.api.SetNode("n1", nodeV, true)
 		if role != "worker" {
 			e.cp = true
@@ -171,6 +173,8 @@ func (e *env) noSecrets(t *testing.T) {
 var (
 	applyLines = []string{"/usr/bin/kubeadm upgrade apply v1.37.2 --yes", "/usr/bin/systemctl daemon-reload", "/usr/bin/systemctl restart kubelet"}
 	nodeLines  = []string{"/usr/bin/kubeadm upgrade node", "/usr/bin/systemctl daemon-reload", "/usr/bin/systemctl restart kubelet"}
+	// finishLines finish an upgrade interrupted after kubeadm: the kubelet restart (then verify).
+	finishLines = []string{"/usr/bin/systemctl daemon-reload", "/usr/bin/systemctl restart kubelet"}
 )
 
 func TestConvergedRunsNothing(t *testing.T) {

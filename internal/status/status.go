@@ -31,20 +31,23 @@ const (
 
 // Document is the status document. Nothing secret belongs here.
 type Document struct {
-	Phase          string   `json:"phase"`
-	Reason         string   `json:"reason,omitempty"`
-	Refusal        string   `json:"refusal,omitempty"`
-	Message        string   `json:"message,omitempty"`
-	Warnings       []string `json:"warnings,omitempty"`
-	Role           string   `json:"role,omitempty"`
-	Member         bool     `json:"member"`
-	Pin            string   `json:"pin,omitempty"`
-	Bundled        string   `json:"bundled,omitempty"`
-	NodeVersion    string   `json:"nodeVersion,omitempty"`
-	ClusterVersion string   `json:"clusterVersion,omitempty"`
-	Actions        []string `json:"actions,omitempty"`
-	LastAction     string   `json:"lastAction,omitempty"`
-	EtcdSnapshot   string   `json:"etcdSnapshot,omitempty"`
+	Phase       string   `json:"phase"`
+	Reason      string   `json:"reason,omitempty"`
+	Refusal     string   `json:"refusal,omitempty"`
+	Message     string   `json:"message,omitempty"`
+	Warnings    []string `json:"warnings,omitempty"`
+	Role        string   `json:"role,omitempty"`
+	Member      bool     `json:"member"`
+	Pin         string   `json:"pin,omitempty"`
+	Bundled     string   `json:"bundled,omitempty"`
+	NodeVersion string   `json:"nodeVersion,omitempty"`
+	// VerifiedVersion is the last version this node was verified at (the
+	// provider's record, /usr/local/provider-kubernetes/verified-version).
+	VerifiedVersion string   `json:"verifiedVersion,omitempty"`
+	ClusterVersion  string   `json:"clusterVersion,omitempty"`
+	Actions         []string `json:"actions,omitempty"`
+	LastAction      string   `json:"lastAction,omitempty"`
+	EtcdSnapshot    string   `json:"etcdSnapshot,omitempty"`
 	// KubeadmEtcdBackups counts kubeadm's own plaintext etcd copies
 	// (/etc/kubernetes/tmp/kubeadm-backup-etcd-*), when there are any.
 	KubeadmEtcdBackups *Backups `json:"kubeadmEtcdBackups,omitempty"`

@@ -95,6 +95,10 @@ type Facts struct {
 	Bundled     version.Version
 	Node        version.Version
 	Cluster     version.Version
+	// Verified is the last version this node was verified at (the
+	// provider's persistent record, written only after a verify passed or
+	// a bootstrap completed); zero when there is no record.
+	Verified version.Version
 }
 
 // Plan is the decision.
@@ -199,6 +203,13 @@ func Decide(w version.Window, f Facts) Plan {
 	if p == n && cp && !c.IsZero() && c.Less(p) && p == b && p.Major == c.Major && p.Minor <= c.Minor+1 {
 		return Plan{Verdict: VerdictAct, Actions: []Action{ActionEtcdSnapshot, ActionUpgradeApply, ActionRestartKubelet, ActionVerify}, Pin: p,
 			Message: fmt.Sprintf("this control plane's manifests are at %s but the cluster still reads %s: resume the interrupted kubeadm upgrade apply", p, c)}
+	}
+	// At the pin, but the upgrade to it never reached its verification (a
+	// crash between kubeadm and the kubelet restart leaves the manifests at
+	// the pin): finish it, restart the kubelet and verify.
+	if p == n && !f.Verified.IsZero() && f.Verified.Less(p) && p == b {
+		return Plan{Verdict: VerdictAct, Actions: []Action{ActionRestartKubelet, ActionVerify}, Pin: p,
+			Message: fmt.Sprintf("this node is at %s but was last verified at %s: the upgrade was interrupted before its kubelet restart and verification; finish them", p, f.Verified)}
 	}
 	if p == n {
 		pl := Plan{Verdict: VerdictNone, Actions: []Action{}, Pin: p,

@@ -218,3 +218,37 @@ func TestPinNewerThanImageIsAlwaysRefused(t *testing.T) {
 		}
 	}
 }
+
+// A node at the pin whose last verified version is older was interrupted
+// between kubeadm and the end of its upgrade (the kubelet restart and the
+// verification): finish those, nothing else. Without a record, or on an
+// image that does not ship the pin, nothing changes.
+func TestUnverifiedUpgradeIsFinished(t *testing.T) {
+	finish := []Action{ActionRestartKubelet, ActionVerify}
+	for _, r := range []struct {
+		name                                  string
+		role                                  Role
+		pin, bundled, node, cluster, verified string
+		verdict                               Verdict
+		actions                               []Action
+	}{
+		{"control plane after apply, before the kubelet restart", RoleControlPlane, "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "v1.36.3", VerdictAct, finish},
+		{"follower after upgrade node", RoleControlPlane, "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "v1.36.3", VerdictAct, finish},
+		{"a patch upgrade", RoleWorker, "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.1", VerdictAct, finish},
+		{"verified at the pin", RoleControlPlane, "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", VerdictNone, []Action{}},
+		{"no record (an older release bootstrapped it)", RoleControlPlane, "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "", VerdictNone, []Action{}},
+		{"a newer image with the old pin: the kubelet on disk is not the pin's", RoleControlPlane, "v1.36.3", "v1.37.2", "v1.36.3", "v1.36.3", "v1.35.4", VerdictNone, []Action{}},
+		{"interrupted apply (cluster behind): resumed, not just finished", RoleControlPlane, "v1.37.2", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", VerdictAct,
+			[]Action{ActionEtcdSnapshot, ActionUpgradeApply, ActionRestartKubelet, ActionVerify}},
+	} {
+		t.Run(r.name, func(t *testing.T) {
+			pl := Decide(window, Facts{Member: true, Role: r.role, Pin: r.pin, Bundled: v(r.bundled), Node: v(r.node), Cluster: v(r.cluster), Verified: v(r.verified)})
+			if pl.Verdict != r.verdict || !reflect.DeepEqual(pl.Actions, r.actions) {
+				t.Fatalf("%s %v (%s), want %s %v", pl.Verdict, pl.Actions, pl.Message, r.verdict, r.actions)
+			}
+			if r.verdict == VerdictAct && reflect.DeepEqual(r.actions, finish) && !strings.Contains(pl.Message, "was last verified at "+r.verified) {
+				t.Fatalf("message %q", pl.Message)
+			}
+		})
+	}
+}
