@@ -1,11 +1,18 @@
 // Package imageimport imports the control-plane images an OS image bundles
 // into containerd's k8s.io namespace, exactly those its lock file lists and
-// under their exact references, before the kubelet starts. A tarball is
-// refused, never imported, when it is a symlink, not a regular file, not
-// owned by root, group- or other-writable, or when its size, sha256 or the
-// reference its index names differ from the lock file. The verified open file
-// itself is what `ctr images import -` reads (no re-open by path), and the
-// result is checked in containerd's image list. Everything is bounded.
+// under their exact references, before the kubelet starts.
+//
+// Most boots change nothing: one bounded `ctr images check` first lists what
+// containerd holds under the locked references, and an image containerd
+// holds complete at the manifest digest the lock file names is skipped
+// (present), its tarball neither read nor imported. Anything else (missing,
+// at another digest, incomplete, a lock file without manifest digests, no
+// usable list) is verified and imported: a tarball is refused, never
+// imported, when it is a symlink, not a regular file, not owned by root,
+// group- or other-writable, or when its size, sha256, the reference its index
+// names or that manifest's digest differ from the lock file. The verified
+// open file itself is what `ctr images import -` reads (no re-open by path),
+// and the result is checked in containerd's list. Everything is bounded.
 package imageimport
 
 import (
@@ -15,6 +22,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -61,6 +70,7 @@ type Refusal struct {
 // Result is what a run did.
 type Result struct {
 	Imported []string
+	Present  []string  // already in containerd at the locked digest: not read, not imported
 	Refused  []Refusal // failed a check: never handed to containerd
 	Failed   []Refusal // passed the checks, but the import or its verification failed
 	Err      error     // the run could not start (lock file, images directory, containerd)
@@ -88,6 +98,7 @@ var (
 	ErrSize       = errors.New("size differs from the lock file")
 	ErrDigest     = errors.New("sha256 differs from the lock file")
 	ErrRef        = errors.New("names another image than the lock file")
+	ErrManifest   = errors.New("names another manifest digest than the lock file")
 	ErrMissing    = errors.New("missing")
 )
 
@@ -119,7 +130,7 @@ func Run(ctx context.Context, o Options) Result {
 	for _, r := range res.Failed {
 		o.Log.Warn("image-import-failed", "ref", r.Ref, "file", r.File, "reason", runner.Sanitize(r.Reason, 300))
 	}
-	attrs := []any{"outcome", res.Outcome(), "imported", len(res.Imported), "refused", len(res.Refused),
+	attrs := []any{"outcome", res.Outcome(), "imported", len(res.Imported), "present", len(res.Present), "refused", len(res.Refused),
 		"failed", len(res.Failed), "duration", time.Since(start).Round(time.Millisecond).String()}
 	if res.Err != nil {
 		attrs = append(attrs, "error", runner.Sanitize(res.Err.Error(), 500))
@@ -158,8 +169,24 @@ func run(ctx context.Context, o Options) Result {
 		res.Err = err
 		return res
 	}
-	digests := map[string]string{}
+	var known []string // references the lock file ties to a manifest digest
 	for _, im := range lock.Images {
+		if im.Manifest != "" {
+			known = append(known, im.Ref)
+		}
+	}
+	var before map[string]Listed
+	var listErr error
+	if len(known) > 0 {
+		before, listErr = o.list(ctx, known)
+	}
+	digests := map[string]string{}
+	for _, a := range Decide(lock.Images, before, listErr) {
+		im := a.Image
+		if a.Reason == Present {
+			res.Present = append(res.Present, im.Ref)
+			continue
+		}
 		if err := ctx.Err(); err != nil {
 			res.Failed = append(res.Failed, Refusal{im.Ref, im.File, "not attempted: " + err.Error()})
 			continue
@@ -182,24 +209,30 @@ func run(ctx context.Context, o Options) Result {
 	if len(digests) == 0 {
 		return res
 	}
-	// What containerd now lists under each reference must be the manifest the tarball carried.
-	out, err := o.Runner.Run(ctx, o.ctr(30*time.Second, "images", "ls"))
-	listed := map[string]string{}
-	if err == nil {
-		listed = parseImageList(string(out.Stdout))
+	// What containerd now lists under each reference must be the manifest
+	// the tarball carried, with all of its content.
+	var imported []string
+	for _, im := range lock.Images {
+		if _, ok := digests[im.Ref]; ok {
+			imported = append(imported, im.Ref)
+		}
 	}
+	listed, err := o.list(ctx, imported)
 	for _, im := range lock.Images {
 		want, ok := digests[im.Ref]
 		if !ok {
 			continue
 		}
-		switch got := listed[im.Ref]; {
+		got, ok := listed[im.Ref]
+		switch {
 		case err != nil:
-			res.Failed = append(res.Failed, Refusal{im.Ref, im.File, "list images: " + err.Error()})
-		case got == "":
+			res.Failed = append(res.Failed, Refusal{im.Ref, im.File, "containerd's list: " + err.Error()})
+		case !ok:
 			res.Failed = append(res.Failed, Refusal{im.Ref, im.File, "not listed by containerd after import"})
-		case got != want:
-			res.Failed = append(res.Failed, Refusal{im.Ref, im.File, fmt.Sprintf("containerd lists %s, the tarball carries %s", got, want)})
+		case got.Digest != want:
+			res.Failed = append(res.Failed, Refusal{im.Ref, im.File, fmt.Sprintf("containerd lists %s, the tarball carries %s", got.Digest, want)})
+		case !got.Complete:
+			res.Failed = append(res.Failed, Refusal{im.Ref, im.File, "containerd lists it incomplete after import"})
 		default:
 			res.Imported = append(res.Imported, im.Ref)
 		}
@@ -207,21 +240,156 @@ func run(ctx context.Context, o Options) Result {
 	return res
 }
 
-func (o Options) ctr(timeout time.Duration, args ...string) runner.Cmd {
-	return runner.Cmd{Path: o.Ctr, Args: append([]string{"--address", o.Address, "--namespace", Namespace}, args...), Timeout: timeout}
+// Reason is why a run imports an image of the lock file, or skips it.
+type Reason int
+
+// Reasons, from the facts Decide weighs.
+const (
+	Present        Reason = iota + 1 // containerd holds the reference, complete, at the locked manifest digest: skipped
+	NoLockedDigest                   // the lock file names no manifest digest (an earlier release's): imported
+	NoList                           // containerd's list could not be had or read: imported
+	Missing                          // containerd does not hold the reference: imported
+	OtherDigest                      // containerd holds the reference at another manifest: imported
+	Incomplete                       // containerd holds it at the locked digest but not all of its content: imported
+)
+
+func (r Reason) String() string {
+	switch r {
+	case Present:
+		return "present"
+	case NoLockedDigest:
+		return "no manifest digest in the lock file"
+	case NoList:
+		return "containerd's list unavailable"
+	case Missing:
+		return "not in containerd"
+	case OtherDigest:
+		return "at another digest in containerd"
+	case Incomplete:
+		return "incomplete in containerd"
+	}
+	return fmt.Sprintf("reason(%d)", int(r))
 }
 
-// parseImageList maps REF to DIGEST from `ctr images ls` output.
-func parseImageList(s string) map[string]string {
-	out := map[string]string{}
-	for i, line := range strings.Split(s, "\n") {
-		f := strings.Fields(line)
-		if i == 0 || len(f) < 3 {
-			continue
+// Action is what a run does with one image of the lock file.
+type Action struct {
+	Image  imagelock.Image
+	Reason Reason // Present: skipped; anything else: verified and imported
+}
+
+// Listed is what containerd reports for one reference.
+type Listed struct {
+	Digest   string // the manifest digest the reference points at
+	Complete bool   // every blob the image needs on this platform is in the content store
+}
+
+// Decide maps the facts to one action per image of the lock file, in its
+// order: an image is skipped only when the lock file names its manifest
+// digest and containerd lists the reference at exactly that digest with all
+// of its content. containerd's content is addressed by digest and verified
+// as it is written, so that manifest digest ties what containerd holds to
+// the lock file. listed is containerd's list (nil with listErr when it could
+// not be had); anything else is imported.
+func Decide(images []imagelock.Image, listed map[string]Listed, listErr error) []Action {
+	out := make([]Action, 0, len(images))
+	for _, im := range images {
+		got, ok := listed[im.Ref]
+		var r Reason
+		switch {
+		case im.Manifest == "":
+			r = NoLockedDigest
+		case listErr != nil || listed == nil:
+			r = NoList
+		case !ok:
+			r = Missing
+		case got.Digest != im.Manifest:
+			r = OtherDigest
+		case !got.Complete:
+			r = Incomplete
+		default:
+			r = Present
 		}
-		out[f[0]] = f[2]
+		out = append(out, Action{Image: im, Reason: r})
 	}
 	return out
+}
+
+// list asks containerd, in one bounded call, which of refs it holds, at
+// which manifest digest and whether with all of their content. Only refs are
+// listed (a filter per reference): other images, whatever their state, do
+// not matter.
+func (o Options) list(ctx context.Context, refs []string) (map[string]Listed, error) {
+	args := []string{"images", "check"}
+	for _, r := range refs {
+		args = append(args, `name=="`+r+`"`) // references are checked by imagelock: no quote, no backslash
+	}
+	out, err := o.Runner.Run(ctx, o.ctr(30*time.Second, args...))
+	if err != nil {
+		return nil, fmt.Errorf("images check: %w", err)
+	}
+	l, err := parseCheck(string(out.Stdout), refs)
+	if err != nil {
+		return nil, fmt.Errorf("images check: %w", err)
+	}
+	return l, nil
+}
+
+var (
+	checkHeader    = []string{"REF", "TYPE", "DIGEST", "STATUS", "SIZE", "UNPACKED"}
+	manifestDigest = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+	checkCount     = regexp.MustCompile(`^\(([0-9]+)/([0-9]+)\)$`)
+)
+
+// parseCheck reads `ctr images check` output (containerd 1.6: a header, then
+// REF TYPE DIGEST STATUS SIZE UNPACKED per image, STATUS "complete (n/n)",
+// "incomplete (n/m)", "unavailable (n/?)" or "error"; nothing at all when no
+// image matched). Strict: anything else, or a reference that was not asked
+// for or listed twice, makes the whole list unusable.
+func parseCheck(s string, refs []string) (map[string]Listed, error) {
+	out := map[string]Listed{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if !slices.Equal(strings.Fields(lines[0]), checkHeader) {
+		return nil, fmt.Errorf("unexpected header %q", runner.Sanitize(lines[0], 200))
+	}
+	for _, line := range lines[1:] {
+		f := strings.Fields(line)
+		if len(f) < len(checkHeader) {
+			return nil, fmt.Errorf("unexpected line %q", runner.Sanitize(line, 200))
+		}
+		ref, digest, status, unpacked := f[0], f[2], f[3], f[len(f)-1]
+		_, dup := out[ref]
+		switch {
+		case !slices.Contains(refs, ref):
+			return nil, fmt.Errorf("lists %q, not asked for", runner.Sanitize(ref, 200))
+		case dup:
+			return nil, fmt.Errorf("lists %s twice", ref)
+		case !manifestDigest.MatchString(digest):
+			return nil, fmt.Errorf("%s: digest %q", ref, runner.Sanitize(digest, 100))
+		case unpacked != "true" && unpacked != "false":
+			return nil, fmt.Errorf("unexpected line %q", runner.Sanitize(line, 200))
+		}
+		complete := false
+		switch status {
+		case "complete":
+			m := checkCount.FindStringSubmatch(f[4])
+			if m == nil {
+				return nil, fmt.Errorf("unexpected line %q", runner.Sanitize(line, 200))
+			}
+			complete = m[1] == m[2]
+		case "incomplete", "unavailable", "error":
+		default:
+			return nil, fmt.Errorf("%s: status %q", ref, runner.Sanitize(status, 100))
+		}
+		out[ref] = Listed{Digest: digest, Complete: complete}
+	}
+	return out, nil
+}
+
+func (o Options) ctr(timeout time.Duration, args ...string) runner.Cmd {
+	return runner.Cmd{Path: o.Ctr, Args: append([]string{"--address", o.Address, "--namespace", Namespace}, args...), Timeout: timeout}
 }
 
 // trusted checks an open file or directory: root-owned and not writable by
@@ -317,6 +485,9 @@ func check(ctx context.Context, f *os.File, im imagelock.Image) (oci.Ref, error)
 	}
 	if ref.Name != im.Ref {
 		return oci.Ref{}, fmt.Errorf("%w: %s", ErrRef, ref.Name)
+	}
+	if im.Manifest != "" && ref.ManifestDigest != im.Manifest {
+		return oci.Ref{}, fmt.Errorf("%w: %s, lock file %s", ErrManifest, runner.Sanitize(ref.ManifestDigest, 100), im.Manifest)
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return oci.Ref{}, err

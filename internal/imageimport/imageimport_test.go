@@ -51,7 +51,7 @@ func (b *bundle) addEntry(ref, file string, e oci.Entry) string {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	b.lock.Images = append(b.lock.Images, imagelock.Image{Ref: ref, File: file, SHA256: w.SHA256, Size: w.Size})
+	b.lock.Images = append(b.lock.Images, imagelock.Image{Ref: ref, File: file, SHA256: w.SHA256, Size: w.Size, Manifest: w.ManifestDigest})
 	b.mani[ref] = w.ManifestDigest
 	return p
 }
@@ -86,13 +86,21 @@ func mustLook(t testing.TB, name string) string {
 	return p
 }
 
+// listed is REF -> DIGEST of `ctr images ls`, read independently of the
+// code under test.
 func listed(t testing.TB, address string) map[string]string {
 	t.Helper()
 	out, err := testutil.Command(t, time.Minute, "ctr", "--address", address, "-n", "k8s.io", "images", "ls").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return parseImageList(string(out))
+	m := map[string]string{}
+	for i, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); i > 0 && len(f) >= 3 {
+			m[f[0]] = f[2]
+		}
+	}
+	return m
 }
 
 func TestImportIntoRealContainerd(t *testing.T) {
@@ -127,6 +135,9 @@ func TestImportIntoRealContainerd(t *testing.T) {
 	// The lock's digest is right, but the tarball names another image.
 	b.add("registry.k8s.io/coredns/coredns:v9.9.9", "coredns_coredns_v1.14.6.tar", "coredns")
 	b.lock.Images[len(b.lock.Images)-1].Ref = "registry.k8s.io/coredns/coredns:v1.14.6"
+	// The lock's sha256 is right, but it names another manifest than the tarball's index.
+	b.add("registry.k8s.io/kube-proxy:v1.36.3", "kube-proxy_v1.36.3.tar", "proxy 1.36")
+	b.lock.Images[len(b.lock.Images)-1].Manifest = "sha256:" + strings.Repeat("e", 64)
 	b.writeLock()
 
 	res, log := b.run(address, runner.Exec{}, nil)
@@ -143,6 +154,7 @@ func TestImportIntoRealContainerd(t *testing.T) {
 		"registry.k8s.io/kube-proxy:v1.37.2":              ErrWritable,
 		"registry.k8s.io/kube-controller-manager:v1.37.2": ErrOwner,
 		"registry.k8s.io/coredns/coredns:v1.14.6":         ErrRef,
+		"registry.k8s.io/kube-proxy:v1.36.3":              ErrManifest,
 	}
 	if len(res.Refused) != len(reasons) {
 		t.Fatalf("refused %+v", res.Refused)
@@ -161,7 +173,7 @@ func TestImportIntoRealContainerd(t *testing.T) {
 	// One summary line plus one line per refused image.
 	lines := strings.Split(strings.TrimSpace(log), "\n")
 	if len(lines) != 1+len(reasons) || strings.Count(log, "msg=image-refused") != len(reasons) ||
-		!strings.Contains(lines[len(lines)-1], "msg=import-images") || !strings.Contains(lines[len(lines)-1], "imported=2 refused=5") {
+		!strings.Contains(lines[len(lines)-1], "msg=import-images") || !strings.Contains(lines[len(lines)-1], "imported=2 present=0 refused=6 failed=0") {
 		t.Fatalf("log:\n%s", log)
 	}
 	// The symlink's target and the other files are untouched.
@@ -169,19 +181,29 @@ func TestImportIntoRealContainerd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Fixed bundle: everything imports, and importing again is harmless.
+	// Fixed bundle: what is missing imports (pause, the same image, is there already).
 	c := newBundle(t)
 	c.add("registry.k8s.io/pause:3.10.2", "pause_3.10.2.tar", "pause")
 	c.add("registry.k8s.io/kube-apiserver:v1.37.2", "kube-apiserver_v1.37.2.tar", "apiserver")
 	c.writeLock()
-	for i := 0; i < 2; i++ {
-		res, log = c.run(address, runner.Exec{}, nil)
-		if res.ExitCode != 0 || len(res.Imported) != 2 || !strings.Contains(log, "outcome=ok") {
-			t.Fatalf("run %d: %+v\n%s", i, res, log)
-		}
+	res, log = c.run(address, runner.Exec{}, nil)
+	if res.ExitCode != 0 || strings.Join(res.Imported, ",") != "registry.k8s.io/kube-apiserver:v1.37.2" ||
+		strings.Join(res.Present, ",") != "registry.k8s.io/pause:3.10.2" || !strings.Contains(log, "outcome=ok imported=1 present=1 refused=0 failed=0") {
+		t.Fatalf("%+v\n%s", res, log)
 	}
 	if got := listed(t, address); got["registry.k8s.io/kube-apiserver:v1.37.2"] != c.mani["registry.k8s.io/kube-apiserver:v1.37.2"] {
 		t.Fatalf("containerd lists %v", got)
+	}
+	// A lock file of an earlier release names no manifest digest: nothing
+	// ties containerd's images to it, so everything is verified and
+	// imported again, harmlessly.
+	for i := range c.lock.Images {
+		c.lock.Images[i].Manifest = ""
+	}
+	c.writeLock()
+	res, log = c.run(address, runner.Exec{}, nil)
+	if res.ExitCode != 0 || len(res.Imported) != 2 || len(res.Present) != 0 || !strings.Contains(log, "outcome=ok imported=2 present=0") {
+		t.Fatalf("%+v\n%s", res, log)
 	}
 }
 
