@@ -7,7 +7,7 @@
 //	/usr/bin/{etcdctl,etcdutl}                       the etcd release that kubeadm deploys
 //	/usr/lib/systemd/system/...                      the units, drop-in and relative .wants links
 //	/system/provider-kubernetes/images/*.tar         control-plane images (OCI layout tarballs)
-//	/system/provider-kubernetes/images/lock.yaml     their exact references, sizes and sha256
+//	/system/provider-kubernetes/images/lock.yaml     their exact references, sizes, sha256 and manifest digests
 //	/usr/share/provider-kubernetes/bundle.yaml       the bundle manifest reconcile reads
 //
 // The Earthfile lays this tree onto the Kairos base image (one image per
@@ -263,7 +263,11 @@ func Build(ctx context.Context, minor, outDir string, o Options) (Result, error)
 			if err != nil {
 				return Result{}, err
 			}
-			lock.Images = append(lock.Images, imagelock.Image{Ref: im.Ref, File: file, SHA256: sum, Size: st.Size()})
+			manifest, err := manifestDigest(filepath.Join(dir, file), im.Ref)
+			if err != nil {
+				return Result{}, err
+			}
+			lock.Images = append(lock.Images, imagelock.Image{Ref: im.Ref, File: file, SHA256: sum, Size: st.Size(), Manifest: manifest})
 			b.Images = append(b.Images, im.Ref)
 		}
 		data, err := lock.Marshal()
@@ -358,6 +362,26 @@ func (o Options) controlPlaneImages(ctx context.Context, e images.MinorEntry, et
 			{Path: "/var/lib/etcd", Type: tar.TypeDir, Mode: 0o700}}})
 	sort.Slice(out, func(i, j int) bool { return out[i].Ref < out[j].Ref })
 	return out, nil
+}
+
+// manifestDigest is the digest of the manifest a tarball's index names for
+// ref: what containerd lists ref at once the tarball is imported, recorded in
+// the lock file so that import-images can see it present without reading the
+// tarball.
+func manifestDigest(tarball, ref string) (string, error) {
+	f, err := os.Open(tarball)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	r, err := oci.ReadRef(f)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", tarball, err)
+	}
+	if r.Name != ref {
+		return "", fmt.Errorf("%s names %q, want %s", tarball, r.Name, ref)
+	}
+	return r.ManifestDigest, nil
 }
 
 // imageFormat changes when the way images are written changes, invalidating the cache.

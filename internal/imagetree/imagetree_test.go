@@ -275,9 +275,13 @@ func checkLock(t *testing.T, dir string, e images.MinorEntry) {
 		if err != nil || sum != im.SHA256 || n != im.Size {
 			t.Errorf("%s: sha256 %s size %d, lock file %s %d (%v)", im.File, sum, n, im.SHA256, im.Size, err)
 		}
+		// Inspect also checks that the manifest blob hashes to the digest the index names.
 		info, err := oci.Inspect(p)
 		if err != nil || info.Ref.Name != im.Ref {
 			t.Errorf("%s names %q, lock file %s (%v)", im.File, info.Ref.Name, im.Ref, err)
+		}
+		if im.Manifest == "" || info.Ref.ManifestDigest != im.Manifest {
+			t.Errorf("%s: manifest %s, lock file %q", im.File, info.Ref.ManifestDigest, im.Manifest)
 		}
 	}
 	sort.Strings(refs)
@@ -420,6 +424,22 @@ func checkImport(t *testing.T, dir string, e images.MinorEntry) {
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("containerd lists %v, want %v", got, want)
 	}
+	// A converged boot: every image present at the lock file's manifest
+	// digest, nothing imported.
+	log.Reset()
+	rec := &runner.Recorder{Reply: runner.Exec{}.Run}
+	res = imageimport.Run(context.Background(), imageimport.Options{Root: paths.Root(dir), Runner: rec, Ctr: ctr,
+		Address: address, Log: slog.New(slog.NewTextHandler(&log, nil))})
+	if res.ExitCode != 0 || len(res.Present) != 7 || len(res.Imported) != 0 ||
+		!strings.Contains(log.String(), "outcome=ok imported=0 present=7 refused=0 failed=0") {
+		t.Fatalf("%+v\n%s", res, log.String())
+	}
+	for _, l := range rec.Lines() {
+		if strings.Contains(l, " images import ") {
+			t.Fatalf("imported again: %v", rec.Lines())
+		}
+	}
+	t.Logf("%s", strings.TrimSpace(log.String()))
 }
 
 func firstLine(b []byte) string {
