@@ -7,9 +7,13 @@ package kube
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,6 +35,7 @@ type Client struct {
 	Kubeconfig string // host path
 	NodeName   string // from the kubeconfig's client certificate, if it is a node's
 	Server     string // the API server URL the kubeconfig points at
+	rest       *rest.Config
 }
 
 // ErrNoKubeconfig is returned when neither kubelet.conf nor admin.conf exists.
@@ -75,7 +80,72 @@ func load(root paths.Root, kc string, timeout time.Duration) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("clientset %s: %w", kc, err)
 	}
-	return &Client{Clientset: cs, Kubeconfig: kc, NodeName: nodeName(rc), Server: rc.Host}, nil
+	return &Client{Clientset: cs, Kubeconfig: kc, NodeName: nodeName(rc), Server: rc.Host, rest: rc}, nil
+}
+
+// At is a client for the apiserver at addr ("host:port") with the same
+// credentials and trust: each apiserver of an HA control plane answers for
+// itself, where the kubeconfig's server may be any of them (the endpoint).
+func (c *Client) At(addr string) (*Client, error) {
+	if c.rest == nil {
+		return nil, errors.New("client has no rest config")
+	}
+	rc := rest.CopyConfig(c.rest)
+	rc.Host = "https://" + addr
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("clientset for %s: %w", addr, err)
+	}
+	return &Client{Clientset: cs, Kubeconfig: c.Kubeconfig, NodeName: c.NodeName, Server: rc.Host, rest: rc}, nil
+}
+
+// APIServers lists the address of every apiserver in the endpoints of the
+// default/kubernetes Service ("ip:port", sorted): each apiserver keeps its
+// own address there while it runs (a lease). A node's own credentials may
+// read this object (get endpoints); they may not list Nodes or other
+// nodes' pods.
+func (c *Client) APIServers(ctx context.Context) ([]string, error) {
+	ep, err := c.Clientset.CoreV1().Endpoints("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get default/kubernetes endpoints via %s: %w", c.Kubeconfig, err)
+	}
+	var out []string
+	for _, s := range ep.Subsets {
+		port := 0
+		for _, p := range s.Ports {
+			if p.Name == "https" || port == 0 {
+				port = int(p.Port)
+			}
+		}
+		for _, a := range s.Addresses {
+			out = append(out, net.JoinHostPort(a.IP, strconv.Itoa(port)))
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("default/kubernetes endpoints list no apiserver")
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// ServerVersion is the version the apiserver this client talks to serves
+// (/version, readable by any authenticated client).
+func (c *Client) ServerVersion(ctx context.Context) (version.Version, error) {
+	body, err := c.Clientset.Discovery().RESTClient().Get().AbsPath("/version").DoRaw(ctx)
+	if err != nil {
+		return version.Version{}, fmt.Errorf("/version of %s: %w", c.Server, err)
+	}
+	var info struct {
+		GitVersion string `json:"gitVersion"`
+	}
+	if err := json.Unmarshal(body, &info); err != nil {
+		return version.Version{}, fmt.Errorf("/version of %s: %w", c.Server, err)
+	}
+	v, err := version.ParseReported(info.GitVersion)
+	if err != nil {
+		return version.Version{}, fmt.Errorf("/version of %s: %w", c.Server, err)
+	}
+	return v, nil
 }
 
 // inline reads every file a kubeconfig names (CA, client certificate and
@@ -221,6 +291,80 @@ func (c *Client) Pod(ctx context.Context, namespace, name string) (PodInfo, erro
 		}
 	}
 	return pi, nil
+}
+
+// NodeAddr is a Node's name and internal address.
+type NodeAddr struct{ Name, IP string }
+
+// ControlPlaneNodes lists the Nodes labelled node-role.kubernetes.io/control-plane
+// (kubeadm labels every control plane), sorted by name. Needs list on
+// Nodes: admin.conf has it, a node's own credentials do not.
+func (c *Client) ControlPlaneNodes(ctx context.Context) ([]NodeAddr, error) {
+	l, err := c.Clientset.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "node-role.kubernetes.io/control-plane"})
+	if err != nil {
+		return nil, fmt.Errorf("list control-plane nodes via %s: %w", c.Kubeconfig, err)
+	}
+	var out []NodeAddr
+	for _, n := range l.Items {
+		na := NodeAddr{Name: n.Name}
+		for _, a := range n.Status.Addresses {
+			if a.Type == "InternalIP" {
+				na.IP = a.Address
+				break
+			}
+		}
+		out = append(out, na)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Rollout is an add-on workload's image and rollout state.
+type Rollout struct {
+	Image     string
+	Desired   int32 // pods the workload wants
+	Updated   int32 // pods of its current template
+	Available int32
+	Total     int32 // pods of any template (old ones linger during a rollout)
+	Current   bool  // the controller has observed the latest spec
+}
+
+// Done reports a rollout as kubectl rollout status does: the latest spec
+// observed, every pod of the current template, no old one left, all available.
+func (r Rollout) Done() bool {
+	return r.Current && r.Updated == r.Desired && r.Total == r.Desired && r.Available == r.Desired
+}
+
+// DaemonSet reads a DaemonSet's first container image and rollout.
+func (c *Client) DaemonSet(ctx context.Context, namespace, name string) (Rollout, error) {
+	d, err := c.Clientset.AppsV1().DaemonSets(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return Rollout{}, fmt.Errorf("get daemonset %s/%s: %w", namespace, name, err)
+	}
+	if len(d.Spec.Template.Spec.Containers) == 0 {
+		return Rollout{}, fmt.Errorf("daemonset %s/%s has no container", namespace, name)
+	}
+	s := d.Status
+	return Rollout{Image: d.Spec.Template.Spec.Containers[0].Image, Desired: s.DesiredNumberScheduled, Updated: s.UpdatedNumberScheduled,
+		Available: s.NumberAvailable, Total: s.CurrentNumberScheduled, Current: s.ObservedGeneration >= d.Generation}, nil
+}
+
+// Deployment reads a Deployment's first container image and rollout.
+func (c *Client) Deployment(ctx context.Context, namespace, name string) (Rollout, error) {
+	d, err := c.Clientset.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return Rollout{}, fmt.Errorf("get deployment %s/%s: %w", namespace, name, err)
+	}
+	if len(d.Spec.Template.Spec.Containers) == 0 {
+		return Rollout{}, fmt.Errorf("deployment %s/%s has no container", namespace, name)
+	}
+	want := int32(1)
+	if d.Spec.Replicas != nil {
+		want = *d.Spec.Replicas
+	}
+	s := d.Status
+	return Rollout{Image: d.Spec.Template.Spec.Containers[0].Image, Desired: want, Updated: s.UpdatedReplicas,
+		Available: s.AvailableReplicas, Total: s.Replicas, Current: s.ObservedGeneration >= d.Generation}, nil
 }
 
 // Node reads a Node's kubelet version and readiness.

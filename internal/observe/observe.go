@@ -250,6 +250,19 @@ func (o *Observer) WorkerVersion(ctx context.Context, client *kube.Client) (vers
 	return version.Version{}, "", fmt.Errorf("worker version: %w", errors.Join(errs...))
 }
 
+// BundleImages are the image references the image's bundle manifest lists.
+func (o *Observer) BundleImages() ([]string, error) {
+	b, err := fsutil.ReadFileNoFollow(o.Root.Path(paths.BundleManifest), 1<<20)
+	if err != nil {
+		return nil, err
+	}
+	m, err := bundle.Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", paths.BundleManifest, err)
+	}
+	return m.Images, nil
+}
+
 // VerifiedVersion is the last version this node was verified at, from the
 // provider's persistent record (paths.VerifiedRecord); zero, with no
 // error, when there is no record (a node bootstrapped by an older release).

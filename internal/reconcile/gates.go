@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kairos-io/provider-kubernetes/internal/etcdsnap"
@@ -19,6 +20,10 @@ import (
 // Gate events.
 const (
 	EventControlPlaneHealth = "control-plane-health"
+	// EventClusterGate: a worker's wait for every control plane at the target.
+	EventClusterGate = "control-planes-at-target"
+	// EventAddons: kube-proxy and CoreDNS checked after the last control plane.
+	EventAddons = "addons"
 )
 
 func (p *pass) budget(total time.Duration) wait.Budget {
@@ -30,7 +35,12 @@ func (p *pass) budget(total time.Duration) wait.Budget {
 // member is healthy. It never looks at another node's scheduler or
 // controller-manager: a new scheduler cannot become Ready until every
 // apiserver is new, so waiting on it would deadlock the rollout.
-func (p *pass) controlPlaneGate(ctx context.Context) error {
+//
+// Before an upgrade apply (apply set, the cluster at cluster, the target
+// pin) it also waits for every control plane's apiserver to serve the
+// cluster's version (or the target, on a node resuming its own apply) and
+// be Ready: an apply while one lags would leave it two minors behind.
+func (p *pass) controlPlaneGate(ctx context.Context, apply bool, cluster, pin version.Version) error {
 	start := p.Clock.Now()
 	// Stacked etcd: every member is checked through kubeadm's
 	// healthcheck-client certificate. External etcd is the operator's; the
@@ -41,6 +51,9 @@ func (p *pass) controlPlaneGate(ctx context.Context) error {
 	if stacked {
 		checks += ",etcd-members"
 	}
+	if apply {
+		checks += ",apiservers-at-cluster-version"
+	}
 	admin, err := kube.Load(p.Root, p.Budgets.APIRequest, paths.AdminConf)
 	if err == nil {
 		err = wait.Poll(ctx, p.Clock, p.budget(p.Budgets.ControlPlaneHealth), "wait for a healthy control plane", func(ctx context.Context) (bool, error) {
@@ -50,6 +63,19 @@ func (p *pass) controlPlaneGate(ctx context.Context) error {
 			if stacked {
 				if err := p.etcdHealthy(ctx); err != nil {
 					return false, err
+				}
+			}
+			if apply {
+				servers, err := apiservers(ctx, admin)
+				if err != nil {
+					return false, err
+				}
+				missing, err := nameControlPlanes(ctx, admin, servers)
+				if err != nil {
+					return false, err
+				}
+				if lag := behind(servers, missing, cluster, pin); len(lag) > 0 {
+					return false, fmt.Errorf("control planes not at the cluster's %s: %s", cluster, strings.Join(lag, "; "))
 				}
 			}
 			return true, nil
@@ -105,6 +131,7 @@ func (p *pass) verify(ctx context.Context, obs Observation, pl plan.Plan) error 
 	}
 	target := pl.Pin
 	noCNI := false
+	start := p.Clock.Now()
 	err := wait.Poll(ctx, p.Clock, p.budget(p.Budgets.Verify), "verify "+target.String(), func(ctx context.Context) (bool, error) {
 		if obs.ControlPlane {
 			if err := p.staticPodsAt(ctx, client, name, target); err != nil {
@@ -137,7 +164,67 @@ func (p *pass) verify(ctx context.Context, obs Observation, pl plan.Plan) error 
 		p.notes = append(p.notes, "node "+name+" is NotReady only because no CNI network plugin is installed yet")
 		p.Log.Warn("node-not-ready-no-cni", "node", name)
 	}
+	if err == nil && obs.ControlPlane && (pl.Has(plan.ActionUpgradeApply) || pl.Has(plan.ActionUpgradeNode)) {
+		err = p.verifyAddons(ctx, target, start)
+	}
 	return err
+}
+
+// verifyAddons: once the last control plane runs the target, kubeadm has
+// moved kube-proxy and CoreDNS (it defers them until every apiserver is
+// new); they must then run the target kubeadm's versions, rolled out and
+// available, within what is left of the verify budget (start: when the
+// verification began). Before the last control plane nothing is checked.
+func (p *pass) verifyAddons(ctx context.Context, target version.Version, start time.Time) error {
+	admin, err := kube.Load(p.Root, p.Budgets.APIRequest, paths.AdminConf)
+	if err != nil {
+		return fmt.Errorf("add-ons: %w", err)
+	}
+	images, err := p.obs.BundleImages()
+	if err != nil {
+		p.notes = append(p.notes, "add-ons: the CoreDNS version the image deploys is unknown ("+err.Error()+"): its tag is not checked")
+	}
+	proxyTag, corednsTag := addonImages(target, images)
+	left := p.Budgets.Verify - p.Clock.Now().Sub(start)
+	if left < p.Budgets.APIRequest {
+		left = p.Budgets.APIRequest
+	}
+	last, checked := false, false
+	var notes []string
+	b := wait.Budget{Total: left, Interval: 2 * time.Second, PerAttempt: 4 * p.Budgets.APIRequest}
+	err = wait.Poll(ctx, p.Clock, b, "verify kube-proxy and CoreDNS", func(ctx context.Context) (bool, error) {
+		servers, err := apiservers(ctx, admin)
+		if err != nil {
+			return false, err
+		}
+		missing, err := nameControlPlanes(ctx, admin, servers)
+		if err != nil {
+			return false, err
+		}
+		if lag := behind(servers, missing, target, target); len(lag) > 0 {
+			// Not the last control plane: the add-ons move with the last one.
+			return true, nil
+		}
+		last = true
+		notes, err = addonsAt(ctx, admin, proxyTag, corednsTag)
+		if err != nil {
+			return false, err
+		}
+		checked = true
+		return true, nil
+	})
+	attrs := []any{"outcome", "ok", "last_control_plane", last, "kube_proxy", proxyTag, "coredns", corednsTag}
+	switch {
+	case err != nil:
+		attrs[1] = "failed"
+		p.Log.Error(EventAddons, append(attrs, "error", err.Error())...)
+		return fmt.Errorf("add-ons after the last control plane: %w", err)
+	case !checked:
+		attrs[1] = "not-last"
+	}
+	p.notes = append(p.notes, notes...)
+	p.Log.Info(EventAddons, attrs...)
+	return nil
 }
 
 // staticPodsAt checks this control plane's manifests and mirror pods.

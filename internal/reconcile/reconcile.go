@@ -344,9 +344,10 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 		if err := p.ensureKubelet(ctx, obs); err != nil {
 			return ReasonRepairFailed, err
 		}
-		// The same gate as a follower's: kubeadm's own preflight fails on a
-		// control plane that is still coming up after the boot.
-		if err := p.controlPlaneGate(ctx); err != nil {
+		// The same gate as a follower's (kubeadm's own preflight fails on a
+		// control plane that is still coming up after the boot), plus every
+		// apiserver at the cluster's version.
+		if err := p.controlPlaneGate(ctx, true, obs.Facts.Cluster, pl.Pin); err != nil {
 			return ReasonHealthGateTimeout, err
 		}
 		return ReasonKubeadmFailed, p.kubeadmUpgrade(ctx, obs, []string{"upgrade", "apply", pl.Pin.String(), "--yes"})
@@ -355,7 +356,7 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 			return ReasonRepairFailed, err
 		}
 		if obs.ControlPlane {
-			if err := p.controlPlaneGate(ctx); err != nil {
+			if err := p.controlPlaneGate(ctx, false, obs.Facts.Cluster, pl.Pin); err != nil {
 				return ReasonHealthGateTimeout, err
 			}
 		}
@@ -491,12 +492,19 @@ func (p *pass) restartKubelet(ctx context.Context) error {
 	return nil
 }
 
+// waitForCluster is a worker's gate before its upgrade: the cluster
+// version (kubeadm-config) at the target and every control plane's
+// apiserver serving the target and Ready, read with the worker's own
+// credentials. kubeadm-config flips when the first control plane finishes
+// its apply; a kubelet upgraded then would be newer than the apiservers
+// still at the old version, which the skew policy forbids.
 func (p *pass) waitForCluster(ctx context.Context, obs Observation, target version.Version) error {
 	if obs.Client == nil {
 		return errors.New("no API client to watch the cluster version")
 	}
-	b := wait.Budget{Total: p.Budgets.WaitForCluster, Interval: 2 * time.Second, PerAttempt: p.Budgets.APIRequest}
-	err := wait.Poll(ctx, p.Clock, b, "wait for the control planes to reach "+target.String(), func(ctx context.Context) (bool, error) {
+	b := wait.Budget{Total: p.Budgets.WaitForCluster, Interval: 2 * time.Second, PerAttempt: p.Budgets.APIRequest * 4}
+	start := p.Clock.Now()
+	err := wait.Poll(ctx, p.Clock, b, "wait for every control plane to reach "+target.String(), func(ctx context.Context) (bool, error) {
 		c, err := obs.Client.ClusterVersion(ctx)
 		if err != nil {
 			return false, err
@@ -507,9 +515,23 @@ func (p *pass) waitForCluster(ctx context.Context, obs Observation, target versi
 		if target.Less(c) {
 			return false, fmt.Errorf("cluster moved past the pin to %s", c)
 		}
+		servers, err := apiservers(ctx, obs.Client)
+		if err != nil {
+			return false, err
+		}
+		if lag := behind(servers, nil, target, target); len(lag) > 0 {
+			return false, fmt.Errorf("control planes still behind %s: %s", target, strings.Join(lag, "; "))
+		}
 		return true, nil
 	})
-	return err
+	attrs := []any{"outcome", "ok", "target", target.String(), "duration", p.Clock.Now().Sub(start).String()}
+	if err != nil {
+		attrs[1] = "failed"
+		p.Log.Error(EventClusterGate, append(attrs, "error", err.Error())...)
+		return err
+	}
+	p.Log.Info(EventClusterGate, attrs...)
+	return nil
 }
 
 // interrupted returns why ctx was cancelled when a signal (not the pass

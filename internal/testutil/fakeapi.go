@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -49,7 +50,77 @@ type API struct {
 	OnRequest func(n int)
 	// Pod answers GET of a kube-system pod (static pods mirror what is on disk).
 	Pod func(name string) (*corev1.Pod, bool)
-	srv *httptest.Server
+	// serverVersion is what /version serves ("" follows the cluster version);
+	// apiservers are the addresses the default/kubernetes endpoints list
+	// (nil: this endpoint alone).
+	serverVersion string
+	apiservers    []string
+	workloads     map[string]any // "daemonsets/NAME" or "deployments/NAME" in kube-system
+	srv           *httptest.Server
+}
+
+// SetDaemonSet serves kube-system DaemonSet name with image and status.
+func (a *API) SetDaemonSet(name, image string, desired, updated, current, available int32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.workloads == nil {
+		a.workloads = map[string]any{}
+	}
+	ds := appsv1.DaemonSet{TypeMeta: metav1.TypeMeta{Kind: "DaemonSet", APIVersion: "apps/v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", Generation: 2},
+		Status: appsv1.DaemonSetStatus{DesiredNumberScheduled: desired, UpdatedNumberScheduled: updated, CurrentNumberScheduled: current,
+			NumberAvailable: available, ObservedGeneration: 2}}
+	ds.Spec.Template.Spec.Containers = []corev1.Container{{Name: name, Image: image}}
+	a.workloads["daemonsets/"+name] = ds
+}
+
+// SetDeployment serves kube-system Deployment name with image and status.
+func (a *API) SetDeployment(name, image string, replicas, updated, total, available int32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.workloads == nil {
+		a.workloads = map[string]any{}
+	}
+	d := appsv1.Deployment{TypeMeta: metav1.TypeMeta{Kind: "Deployment", APIVersion: "apps/v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", Generation: 3},
+		Spec:       appsv1.DeploymentSpec{Replicas: &replicas},
+		Status:     appsv1.DeploymentStatus{UpdatedReplicas: updated, Replicas: total, AvailableReplicas: available, ObservedGeneration: 3}}
+	d.Spec.Template.Spec.Containers = []corev1.Container{{Name: name, Image: image}}
+	a.workloads["deployments/"+name] = d
+}
+
+// SetServerVersion makes /version serve v ("" follows the cluster version).
+func (a *API) SetServerVersion(v string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.serverVersion = v
+}
+
+// SetAPIServers sets the addresses ("ip:port") the default/kubernetes
+// endpoints list: other API instances play the other control planes'
+// apiservers (every httptest TLS server shares one certificate, so one
+// kubeconfig trusts them all).
+func (a *API) SetAPIServers(addrs ...string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.apiservers = addrs
+}
+
+// SetControlPlaneNode labels a Node as kubeadm labels control planes and
+// gives it an InternalIP.
+func (a *API) SetControlPlaneNode(name, ip string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n, ok := a.nodes[name]
+	if !ok {
+		n = &corev1.Node{TypeMeta: metav1.TypeMeta{Kind: "Node", APIVersion: "v1"}, ObjectMeta: metav1.ObjectMeta{Name: name}}
+		a.nodes[name] = n
+	}
+	if n.Labels == nil {
+		n.Labels = map[string]string{}
+	}
+	n.Labels["node-role.kubernetes.io/control-plane"] = ""
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
 }
 
 // NewAPI starts the endpoint; it stops at the end of the test.
@@ -148,6 +219,57 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
+	case r.Method == http.MethodGet && r.URL.Path == "/version":
+		v := a.serverVersion
+		if v == "" {
+			v = a.clusterVersion
+		}
+		_ = json.NewEncoder(w).Encode(map[string]string{"gitVersion": v, "major": "1"})
+	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/namespaces/default/endpoints/kubernetes":
+		addrs := a.apiservers
+		if addrs == nil {
+			addrs = []string{a.Addr()}
+		}
+		// One subset per address: the test apiservers differ by port (on a
+		// cluster they share 6443 and one subset lists every address).
+		var subs []corev1.EndpointSubset
+		for _, ad := range addrs {
+			host, port, _ := strings.Cut(ad, ":")
+			p := 0
+			fmt.Sscan(port, &p)
+			subs = append(subs, corev1.EndpointSubset{Addresses: []corev1.EndpointAddress{{IP: host}},
+				Ports: []corev1.EndpointPort{{Name: "https", Port: int32(p), Protocol: corev1.ProtocolTCP}}})
+		}
+		_ = json.NewEncoder(w).Encode(corev1.Endpoints{
+			TypeMeta:   metav1.TypeMeta{Kind: "Endpoints", APIVersion: "v1"},
+			ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: "default"},
+			Subsets:    subs,
+		})
+	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/nodes":
+		list := corev1.NodeList{TypeMeta: metav1.TypeMeta{Kind: "NodeList", APIVersion: "v1"}}
+		sel := r.URL.Query().Get("labelSelector")
+		names := make([]string, 0, len(a.nodes))
+		for n := range a.nodes {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			n := a.nodes[name]
+			if sel != "" {
+				if _, ok := n.Labels[sel]; !ok {
+					continue
+				}
+			}
+			list.Items = append(list.Items, *n)
+		}
+		_ = json.NewEncoder(w).Encode(list)
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/apis/apps/v1/namespaces/kube-system/"):
+		obj, ok := a.workloads[strings.TrimPrefix(r.URL.Path, "/apis/apps/v1/namespaces/kube-system/")]
+		if !ok {
+			status(w, http.StatusNotFound, "not found", metav1.StatusReasonNotFound)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(obj)
 	case r.Method == http.MethodGet && r.URL.Path == "/readyz":
 		w.Header().Set("Content-Type", "text/plain")
 		if a.notReady {

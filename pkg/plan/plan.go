@@ -260,12 +260,15 @@ func Decide(w version.Window, f Facts) Plan {
 		return Plan{Verdict: VerdictAct, Actions: append([]Action{ActionEtcdSnapshot, ActionUpgradeApply}, tail...), Pin: p,
 			Message: fmt.Sprintf("first control plane: upgrade the cluster %s -> %s with kubeadm upgrade apply", c, p)}
 	}
+	// A worker's kubelet may reach any apiserver: it waits (bounded) until
+	// every control plane serves the target, not only until the cluster
+	// version (kubeadm-config) flips with the first one.
 	if p == c {
-		return Plan{Verdict: VerdictAct, Actions: append([]Action{ActionUpgradeNode}, tail...), Pin: p,
-			Message: fmt.Sprintf("upgrade this worker %s -> %s with kubeadm upgrade node", n, p)}
+		return Plan{Verdict: VerdictAct, Actions: append([]Action{ActionWaitForClusterUpgrade, ActionUpgradeNode}, tail...), Pin: p,
+			Message: fmt.Sprintf("upgrade this worker %s -> %s with kubeadm upgrade node, once every control plane serves %s", n, p, p)}
 	}
 	return Plan{Verdict: VerdictAct, Actions: append([]Action{ActionWaitForClusterUpgrade, ActionUpgradeNode}, tail...), Pin: p,
-		Message: fmt.Sprintf("the control planes are at %s: wait, bounded, for %s, then upgrade this worker %s -> %s", c, p, n, p)}
+		Message: fmt.Sprintf("the control planes are at %s: wait, bounded, for every one to serve %s, then upgrade this worker %s -> %s", c, p, n, p)}
 }
 
 func lastOf(w version.Window) version.Minor {

@@ -1,0 +1,197 @@
+package reconcile
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+func TestBehind(t *testing.T) {
+	v := version.MustParse
+	lo, hi := v("v1.36.3"), v("v1.37.2")
+	servers := []apiserver{
+		{Addr: "10.0.0.11:6443", Node: "cp1", Version: v("v1.37.2"), Ready: true},
+		{Addr: "10.0.0.12:6443", Node: "cp2", Version: v("v1.36.3"), Ready: true},
+		{Addr: "10.0.0.13:6443", Version: v("v1.35.4"), Ready: true},
+		{Addr: "10.0.0.14:6443", Version: v("v1.36.3"), Err: "/readyz: etcd failed"},
+		{Addr: "10.0.0.15:6443", Err: "connection refused"},
+		{Addr: "10.0.0.16:6443", Version: v("v1.38.0"), Ready: true},
+	}
+	got := behind(servers, []string{"cp9"}, lo, hi)
+	want := []string{
+		"10.0.0.13:6443 at v1.35.4",
+		"10.0.0.14:6443 at v1.36.3, not ready (/readyz: etcd failed)",
+		"10.0.0.15:6443: version unknown (connection refused)",
+		"10.0.0.16:6443 at v1.38.0",
+		"cp9: no apiserver in the kubernetes endpoints (down?)",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got  %q\nwant %q", got, want)
+	}
+	if got := behind(servers[:2], nil, lo, hi); len(got) != 0 {
+		t.Fatalf("in range: %q", got)
+	}
+	if got := behind(servers[:2], nil, hi, hi); !reflect.DeepEqual(got, []string{"cp2 (10.0.0.12:6443) at v1.36.3"}) {
+		t.Fatalf("exact target: %q", got)
+	}
+}
+
+// otherControlPlanes starts two more apiservers (cp2, cp3) serving
+// version v and lists all three in the kubernetes endpoints.
+func otherControlPlanes(t *testing.T, e *env, v string) (*testutil.API, *testutil.API) {
+	cp2, cp3 := testutil.NewAPI(t, e.api.ClusterVersion()), testutil.NewAPI(t, e.api.ClusterVersion())
+	cp2.SetServerVersion(v)
+	cp3.SetServerVersion(v)
+	e.api.SetAPIServers(e.api.Addr(), cp2.Addr(), cp3.Addr())
+	return cp2, cp3
+}
+
+// Issue 14: kubeadm-config flips to the target when the first control plane
+// finishes its apply. A worker must still wait for every other apiserver,
+// with its own credentials (kubelet.conf), then upgrade.
+func TestWorkerWaitsForEveryControlPlane(t *testing.T) {
+	e := newEnv(t, "worker", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+	cp2, cp3 := otherControlPlanes(t, e, "v1.36.3")
+	cp3.SetNotReady(true)
+	e.api.OnRequest = func(n int) {
+		switch n {
+		case 30:
+			cp2.SetServerVersion("")
+		case 60:
+			cp3.SetServerVersion("")
+		case 90:
+			cp3.SetNotReady(false)
+		}
+	}
+	var before []string
+	inner := e.rec.Reply
+	e.rec.Reply = func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+		if strings.HasPrefix(c.String(), "/usr/bin/kubeadm upgrade node") {
+			before = e.api.Paths()
+		}
+		return inner(ctx, c)
+	}
+	res := e.run(Steps{})
+	if res.ExitCode != ExitOK || !reflect.DeepEqual(e.lines(), nodeLines) {
+		t.Fatalf("exit %d %v lines %q\n%s", res.ExitCode, res.Err, e.lines(), e.logBuf.String())
+	}
+	if len(before) < 90 {
+		t.Fatalf("upgrade node ran after %d requests, before cp2 and cp3 were at the target and ready", len(before))
+	}
+	for _, p := range before {
+		if strings.HasPrefix(p, "/api/v1/nodes") && p != "/api/v1/nodes/n1" || strings.HasPrefix(p, "/api/v1/namespaces/kube-system/pods") {
+			t.Fatalf("the worker's gate read %s: a node's credentials may only read its own Node and pods", p)
+		}
+	}
+	e.logHas(t, "msg="+EventClusterGate, "outcome=ok", "target=v1.37.2")
+}
+
+func TestWorkerGateNamesTheControlPlanesBehind(t *testing.T) {
+	e := newEnv(t, "worker", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+	cp2, cp3 := otherControlPlanes(t, e, "v1.36.3")
+	start := e.clock.Now()
+	res := e.run(Steps{})
+	if res.ExitCode != ExitFailed || len(e.lines()) != 0 {
+		t.Fatalf("exit %d lines %q", res.ExitCode, e.lines())
+	}
+	if spent, b := e.clock.Now().Sub(start), DefaultBudgets().WaitForCluster; spent < b || spent > b+30e9 {
+		t.Fatalf("spent %s, budget %s", spent, b)
+	}
+	st := e.status(t)
+	for _, want := range []string{"control planes still behind v1.37.2: ", cp2.Addr() + " at v1.36.3", cp3.Addr() + " at v1.36.3"} {
+		if st.Reason != ReasonControlPlaneNotUpgraded || !strings.Contains(st.Message, want) {
+			t.Fatalf("status %+v, want %q", st, want)
+		}
+	}
+	if strings.Contains(st.Message, e.api.Addr()+" at") {
+		t.Fatalf("the apiserver at the target is named as behind: %s", st.Message)
+	}
+	e.logHas(t, "msg="+EventClusterGate, "outcome=failed", cp2.Addr()+" at v1.36.3")
+}
+
+// Before an upgrade apply to the next minor every control plane must run
+// the cluster's current version: a lagging one would end up two behind.
+func TestApplyWaitsForLaggingControlPlanes(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(e *env)
+		want  string
+	}{
+		{"an apiserver a minor behind", func(e *env) {
+			cp2, _ := otherControlPlanes(t, e, "v1.36.3")
+			cp2.SetServerVersion("v1.35.4")
+			e.api.SetControlPlaneNode("cp2", strings.Split(cp2.Addr(), ":")[0])
+		}, "at v1.35.4"},
+		{"a control plane whose apiserver is not in the endpoints", func(e *env) {
+			e.api.SetControlPlaneNode("cp3", "10.0.0.13")
+		}, "cp3: no apiserver in the kubernetes endpoints (down?)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
+			tc.setup(e)
+			res := e.run(Steps{})
+			if res.ExitCode != ExitFailed || len(e.lines()) != 0 {
+				t.Fatalf("exit %d, ran %q", res.ExitCode, e.lines())
+			}
+			st := e.status(t)
+			if st.Reason != ReasonHealthGateTimeout || st.LastAction != "upgrade-apply" ||
+				!strings.Contains(st.Message, "control planes not at the cluster's v1.36.3: ") || !strings.Contains(st.Message, tc.want) {
+				t.Fatalf("status %+v, want %q", st, tc.want)
+			}
+			e.logHas(t, "msg="+EventControlPlaneHealth, "outcome=failed", "checks=cluster-endpoint-readyz,etcd-members,apiservers-at-cluster-version")
+		})
+	}
+}
+
+// After the last control plane's upgrade node, kube-proxy and CoreDNS must
+// run the versions the target kubeadm deploys, rolled out and available.
+func TestLastControlPlaneVerifiesTheAddons(t *testing.T) {
+	bundle := func(e *env) {
+		e.node.Write(paths.BundleManifest, "kubernetes: v1.37.2\nkubeadm: v1.37.2\nkubelet: v1.37.2\netcd: 3.7.0-0\nimages:\n- registry.k8s.io/coredns/coredns:v1.14.6\n- registry.k8s.io/kube-proxy:v1.37.2\n", 0o644)
+	}
+	t.Run("rolled out after a while", func(t *testing.T) {
+		e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+		bundle(e)
+		e.api.SetDaemonSet("kube-proxy", "registry.k8s.io/kube-proxy:v1.37.2", 4, 2, 4, 3)
+		e.api.SetDeployment("coredns", "registry.k8s.io/coredns/coredns:v1.14.6", 2, 2, 2, 2)
+		e.api.OnRequest = func(n int) {
+			if n == 40 {
+				e.api.SetDaemonSet("kube-proxy", "registry.k8s.io/kube-proxy:v1.37.2", 4, 4, 4, 4)
+			}
+		}
+		res := e.run(Steps{})
+		if res.ExitCode != ExitOK {
+			t.Fatalf("exit %d %v\n%s", res.ExitCode, res.Err, e.logBuf.String())
+		}
+		e.logHas(t, "msg="+EventAddons, "outcome=ok", "last_control_plane=true", "kube_proxy=v1.37.2", "coredns=v1.14.6")
+	})
+	t.Run("CoreDNS left at the old version", func(t *testing.T) {
+		e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+		bundle(e)
+		e.api.SetDaemonSet("kube-proxy", "registry.k8s.io/kube-proxy:v1.37.2", 4, 4, 4, 4)
+		e.api.SetDeployment("coredns", "registry.k8s.io/coredns/coredns:v1.14.2", 2, 2, 2, 2)
+		res := e.run(Steps{})
+		st := e.status(t)
+		if res.ExitCode != ExitFailed || st.Reason != ReasonHealthGateTimeout ||
+			!strings.Contains(st.Message, "deployment kube-system/coredns runs registry.k8s.io/coredns/coredns:v1.14.2, want tag v1.14.6") {
+			t.Fatalf("exit %d status %+v", res.ExitCode, st)
+		}
+	})
+	t.Run("not the last control plane: nothing checked", func(t *testing.T) {
+		e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+		bundle(e)
+		otherControlPlanes(t, e, "v1.36.3")
+		e.api.SetDaemonSet("kube-proxy", "registry.k8s.io/kube-proxy:v1.36.3", 4, 4, 4, 4)
+		res := e.run(Steps{})
+		if res.ExitCode != ExitOK {
+			t.Fatalf("exit %d %v", res.ExitCode, res.Err)
+		}
+		e.logHas(t, "msg="+EventAddons, "outcome=not-last", "last_control_plane=false")
+	})
+}
