@@ -277,7 +277,9 @@ type Action struct {
 	Reason Reason // Present: skipped; anything else: verified and imported
 }
 
-// Listed is what containerd reports for one reference.
+// Listed is what containerd reports for one reference. Whether the image is
+// unpacked is not weighed: that is about ctr's default snapshotter, not
+// necessarily the CRI's, which unpacks complete content when it needs to.
 type Listed struct {
 	Digest   string // the manifest digest the reference points at
 	Complete bool   // every blob the image needs on this platform is in the content store

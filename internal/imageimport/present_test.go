@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -308,4 +309,25 @@ func TestContainerdListIsTrustedOnlyWhenRead(t *testing.T) {
 		!strings.Contains(log, "outcome=failed imported=0 present=0 refused=0 failed=2") {
 		t.Fatalf("%+v\n%s", res, log)
 	}
+}
+
+// FuzzParseCheck feeds arbitrary output as `ctr images check`'s: parseCheck
+// never panics, and what it accepts names only asked-for references at
+// sha256 digests.
+func FuzzParseCheck(f *testing.F) {
+	f.Add(checkOut)
+	f.Add("")
+	f.Add("REF TYPE DIGEST STATUS SIZE UNPACKED\nregistry.k8s.io/pause:3.10.2 t sha256:" + strings.Repeat("a", 64) + " unavailable (0/?) 0 B/? false\n")
+	refs := []string{"registry.k8s.io/pause:3.10.2", "registry.k8s.io/etcd:3.7.0-0"}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := parseCheck(s, refs)
+		if err != nil {
+			return
+		}
+		for ref, l := range got {
+			if !slices.Contains(refs, ref) || !manifestDigest.MatchString(l.Digest) {
+				t.Fatalf("accepted %q: %+v", ref, l)
+			}
+		}
+	})
 }
