@@ -39,6 +39,7 @@ const (
 	Reconcile     = "provider-kubernetes-reconcile.service"
 	ImageImport   = "provider-kubernetes-image-import.service"
 	UnitMigrate   = "provider-kubernetes-unit-migrate.service"
+	Publish       = "provider-kubernetes-publish.service"
 	KubeadmDropIn = "kubelet.service.d/10-kubeadm.conf"
 )
 

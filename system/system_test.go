@@ -104,7 +104,7 @@ func TestUnitsShape(t *testing.T) {
 		}
 	}
 	sort.Strings(names)
-	want := []string{Kubelet, KubeadmDropIn, ImageImport, Reconcile, UnitMigrate}
+	want := []string{Kubelet, KubeadmDropIn, ImageImport, Reconcile, UnitMigrate, Publish}
 	sort.Strings(want)
 	if strings.Join(names, ",") != strings.Join(want, ",") {
 		t.Fatalf("units %v, want %v", names, want)
@@ -122,9 +122,12 @@ func TestUnitsShape(t *testing.T) {
 		// After Kairos's boot stage, which writes the cluster file; run only
 		// when the cloud-config has a cluster: section (either file exists).
 		Reconcile: {"Type=oneshot", "TimeoutStartSec=50min", "ExecStart=/usr/bin/provider-kubernetes reconcile",
+			"Wants=network-online.target containerd.service provider-kubernetes-publish.service\n",
 			"After=network-online.target containerd.service provider-kubernetes-image-import.service provider-kubernetes-unit-migrate.service cos-setup-boot.service\n",
 			"ConditionPathExists=|" + paths.ClusterFile + "\n", "ConditionPathExists=|" + paths.ClusterYipFile + "\n"},
 		ImageImport: {"After=containerd.service", "Before=kubelet.service", "ExecStart=/usr/bin/provider-kubernetes import-images"},
+		// After every pass, never inside it: wanted by the reconcile unit.
+		Publish: {"After=provider-kubernetes-reconcile.service\n", "Type=oneshot", "ExecStart=/usr/bin/provider-kubernetes publish --budget 5min"},
 		UnitMigrate: {"Before=containerd.service provider-kubernetes-image-import.service kubelet.service",
 			"ExecStart=/usr/bin/provider-kubernetes migrate-units", "DefaultDependencies=no"},
 		KubeadmDropIn: {"EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env", "EnvironmentFile=-/etc/default/kubelet",

@@ -51,6 +51,16 @@ Usage:
       reads nothing and works on any machine.
   provider-kubernetes status [--root DIR] [-o text|yaml|json]
       The last pass's status document.
+  provider-kubernetes status --cluster [--kubeconfig FILE] [-o text|json] [--root DIR]
+      Every node (role, kubelet and apiserver versions, the provider's last
+      pass from its Node annotations, what its next boot would do) and the
+      rollout's next step. Exit 0 when every node is converged at one
+      version, 1 otherwise.
+  provider-kubernetes publish [--root DIR] [--budget D]
+      Put the last pass on this node's Node: annotations under
+      provider-kubernetes.kairos.io/ and an Event for each refusal, upgrade
+      start, finish or failure; retries within D (default 5m) while the API
+      comes up. Run by provider-kubernetes-publish.service after every pass.
   provider-kubernetes join-config --role worker|controlplane [--ttl D] [--root DIR]
       On a control plane: mint join material (a fresh bootstrap token, the CA
       pin, for a control plane a fresh certificate key with the certificates
@@ -142,7 +152,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "plan":
 		return cmdPlan(ctx, args[1:], stdout, stderr)
 	case "status":
-		return cmdStatus(args[1:], stdout, stderr)
+		return cmdStatus(ctx, args[1:], stdout, stderr)
 	case "join-config":
 		return cmdJoinConfig(ctx, args[1:], stdout, stderr)
 	case "reset":
@@ -155,6 +165,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdMigrateUnits(ctx, args[1:], stdout, stderr)
 	case "import-images":
 		return cmdImportImages(ctx, args[1:], stdout, stderr)
+	case "publish":
+		return cmdPublish(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "provider-kubernetes %s (release %s, Kubernetes %s)\n", Version, images.Get().Release, images.Window())
 		return reconcile.ExitOK
@@ -395,12 +407,21 @@ func orDash(s string) string {
 	return s
 }
 
-func cmdStatus(args []string, stdout, stderr io.Writer) int {
+func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("status", stderr)
 	root := fs.String("root", "/", "host root")
 	out := fs.String("o", "text", "output: text, yaml or json")
+	cluster := fs.Bool("cluster", false, "every node of the cluster and the rollout's next step, from the API")
+	kubeconfig := fs.String("kubeconfig", "", "with --cluster: a kubeconfig with read access (host path under --root; default admin.conf, else kubelet.conf)")
 	if code, ok := parse(fs, args); !ok {
 		return code
+	}
+	if *cluster {
+		if *out != "text" && *out != "json" {
+			fmt.Fprintf(stderr, "-o must be text or json with --cluster, got %q\n", status.Printable(*out))
+			return reconcile.ExitUsage
+		}
+		return clusterStatus(ctx, paths.Root(*root), *kubeconfig, *out, stdout, stderr)
 	}
 	if *out != "text" && *out != "yaml" && *out != "json" {
 		fmt.Fprintf(stderr, "-o must be text, yaml or json, got %q\n", *out)

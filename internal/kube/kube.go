@@ -17,7 +17,9 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -76,6 +78,8 @@ func load(root paths.Root, kc string, timeout time.Duration) (*Client, error) {
 	// Every call is already paced by a bounded poll (at most one per 2 s);
 	// no client-side rate limiter on top.
 	rc.QPS = -1
+	// JSON both ways: every apiserver speaks it, and so does the test API.
+	rc.ContentType, rc.AcceptContentTypes = "application/json", "application/json"
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("clientset %s: %w", kc, err)
@@ -291,6 +295,72 @@ func (c *Client) Pod(ctx context.Context, namespace, name string) (PodInfo, erro
 		}
 	}
 	return pi, nil
+}
+
+// Annotate merges annotations into a Node's metadata (a JSON merge patch:
+// other annotations stay). A node's own credentials may patch its own Node.
+func (c *Client) Annotate(ctx context.Context, node string, annotations map[string]string) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+	if err != nil {
+		return err
+	}
+	if _, err := c.Clientset.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "provider-kubernetes"}); err != nil {
+		return fmt.Errorf("annotate node %s: %w", node, err)
+	}
+	return nil
+}
+
+// NodeEvent records a core/v1 Event about a Node (in the default
+// namespace, as the kubelet records its own), so `kubectl describe node`
+// shows it. eventType is Normal or Warning.
+func (c *Client) NodeEvent(ctx context.Context, node, eventType, reason, message string, now time.Time) error {
+	uid := ""
+	if n, err := c.Clientset.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err == nil {
+		uid = string(n.UID)
+	}
+	t := metav1.NewTime(now)
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: node + ".provider-kubernetes.", Namespace: "default"},
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(uid), APIVersion: "v1"},
+		Reason:         reason, Message: message, Type: eventType,
+		Source:         corev1.EventSource{Component: "provider-kubernetes", Host: node},
+		FirstTimestamp: t, LastTimestamp: t, Count: 1,
+		ReportingController: "provider-kubernetes", ReportingInstance: node,
+	}
+	if _, err := c.Clientset.CoreV1().Events("default").Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("record event %s on node %s: %w", reason, node, err)
+	}
+	return nil
+}
+
+// NodeRecord is what the cluster view reads of a Node.
+type NodeRecord struct {
+	Name           string
+	ControlPlane   bool // labelled node-role.kubernetes.io/control-plane
+	KubeletVersion string
+	Ready          bool
+	Annotations    map[string]string
+}
+
+// Nodes lists every Node, sorted by name (needs list on Nodes).
+func (c *Client) Nodes(ctx context.Context) ([]NodeRecord, error) {
+	l, err := c.Clientset.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list nodes via %s: %w", c.Kubeconfig, err)
+	}
+	out := make([]NodeRecord, 0, len(l.Items))
+	for _, n := range l.Items {
+		_, cp := n.Labels["node-role.kubernetes.io/control-plane"]
+		r := NodeRecord{Name: n.Name, ControlPlane: cp, KubeletVersion: n.Status.NodeInfo.KubeletVersion, Annotations: n.Annotations}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				r.Ready = cond.Status == corev1.ConditionTrue
+			}
+		}
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
 }
 
 // NodeAddr is a Node's name and internal address.

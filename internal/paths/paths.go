@@ -11,12 +11,14 @@ const (
 	ClusterFile = RunDir + "/cluster.yaml"
 	// PluginError holds the plugin's one-line error when it refused this
 	// boot's cluster: section (the boot then runs the previous section).
-	PluginError  = RunDir + "/agent-boot-error"
-	StatusFile   = RunDir + "/status.yaml"
-	LockFile     = RunDir + "/reconcile.lock"
-	TmpDir       = RunDir + "/tmp" // tmpfs: generated kubeadm configs, 0700
-	PersistDir   = "/usr/local/provider-kubernetes"
-	StatusMirror = PersistDir + "/status.yaml"
+	PluginError = RunDir + "/agent-boot-error"
+	StatusFile  = RunDir + "/status.yaml"
+	// PublishedMarker names the last pass whose events are on the Node.
+	PublishedMarker = RunDir + "/published"
+	LockFile        = RunDir + "/reconcile.lock"
+	TmpDir          = RunDir + "/tmp" // tmpfs: generated kubeadm configs, 0700
+	PersistDir      = "/usr/local/provider-kubernetes"
+	StatusMirror    = PersistDir + "/status.yaml"
 	// VerifiedRecord is the last version this node was verified at: written
 	// only when a pass that verified (or bootstrapped) this node converges.
 	VerifiedRecord = PersistDir + "/verified-version"

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
@@ -194,4 +195,48 @@ func TestLastControlPlaneVerifiesTheAddons(t *testing.T) {
 		}
 		e.logHas(t, "msg="+EventAddons, "outcome=not-last", "last_control_plane=false")
 	})
+}
+
+// Each pass records what it tells on its Node (published after it by
+// provider-kubernetes publish): upgrade start and finish, a failure, a
+// refusal; a converged pass tells nothing.
+func TestPassRecordsItsEvents(t *testing.T) {
+	reasons := func(evs []status.Event) []string {
+		var out []string
+		for _, e := range evs {
+			out = append(out, e.Type+"/"+e.Reason)
+		}
+		return out
+	}
+	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
+	res := e.run(Steps{})
+	if got := reasons(e.status(t).Events); res.ExitCode != ExitOK || !reflect.DeepEqual(got, []string{"Normal/UpgradeStarted", "Normal/UpgradeFinished"}) {
+		t.Fatalf("upgrade: exit %d events %v", res.ExitCode, got)
+	}
+	if m := e.status(t).Events[0].Message; !strings.Contains(m, "v1.36.3 -> v1.37.2") {
+		t.Fatalf("start event %q", m)
+	}
+	res = e.run(Steps{})
+	if got := e.status(t).Events; res.ExitCode != ExitOK || len(got) != 0 {
+		t.Fatalf("converged: events %v", got)
+	}
+
+	e = newEnv(t, "controlplane", "v1.36.3", "v1.37.2", "v1.37.2", "v1.37.2", "")
+	e.run(Steps{})
+	evs := e.status(t).Events
+	if got := reasons(evs); !reflect.DeepEqual(got, []string{"Warning/UpgradeRefused"}) || !strings.HasPrefix(evs[0].Message, "Downgrade: ") {
+		t.Fatalf("refusal: %v %q", got, evs)
+	}
+
+	e = newEnv(t, "worker", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+	e.fail = "/usr/bin/kubeadm upgrade node"
+	e.run(Steps{})
+	if got := reasons(e.status(t).Events); !reflect.DeepEqual(got, []string{"Normal/UpgradeStarted", "Warning/UpgradeFailed"}) {
+		t.Fatalf("failure: %v", got)
+	}
+	for _, ev := range e.status(t).Events {
+		if strings.Contains(ev.Message, "0123456789abcdef") || strings.Contains(ev.Message, testutil.Token) {
+			t.Fatalf("an event carries a secret: %q", ev.Message)
+		}
+	}
 }

@@ -123,6 +123,19 @@ type pass struct {
 	notes []string
 	// repaired is set once the kubelet repair step ran in this pass.
 	repaired bool
+	// events are what this pass tells on its Node (see status.Event).
+	events []status.Event
+}
+
+// event records one Event of this pass for the Node (published after it).
+func (p *pass) event(eventType, reason, message string) {
+	p.events = append(p.events, status.Event{Type: eventType, Reason: reason, Message: runner.Sanitize(message, 1000),
+		Time: p.Now().UTC().Format(time.RFC3339)})
+}
+
+// upgrading reports whether a plan upgrades this node.
+func upgrading(pl plan.Plan) bool {
+	return pl.Has(plan.ActionUpgradeApply) || pl.Has(plan.ActionUpgradeNode) || pl.Has(plan.ActionRestartKubelet)
 }
 
 // Run runs one pass.
@@ -231,6 +244,7 @@ func (p *pass) run(ctx context.Context) Result {
 			"cluster", vs(obs.Facts.Cluster), "message", pl.Message)
 		p.setDoc(obs, pl, status.PhaseRefused)
 		p.doc.Reason, p.doc.Refusal, p.doc.Message = pl.Reason, string(pl.Refusal), pl.Message
+		p.event("Warning", pl.Reason, string(pl.Refusal)+": "+pl.Message)
 		p.writeStatus()
 		p.Log.Info(EventDone, "outcome", "refused", "code", string(pl.Refusal))
 		return Result{Plan: pl, Status: p.doc, ExitCode: ExitRefused}
@@ -248,6 +262,9 @@ func (p *pass) run(ctx context.Context) Result {
 	}
 	p.setDoc(obs, pl, phase)
 	p.doc.Message = pl.Message
+	if upgrading(pl) {
+		p.event("Normal", status.EventUpgradeStarted, fmt.Sprintf("%s -> %s: %s (%s)", vs(obs.Facts.Node), pl.Pin, pl.Message, actionList(pl.Actions)))
+	}
 	p.writeStatus()
 	if err := p.act(ctx, obs, pl); err != nil {
 		var se *stepError
@@ -259,6 +276,9 @@ func (p *pass) run(ctx context.Context) Result {
 	p.setDoc(obs, pl, status.PhaseConverged)
 	p.doc.NodeVersion = pl.Pin.String()
 	p.doc.Message = "converged at " + pl.Pin.String()
+	if upgrading(pl) {
+		p.event("Normal", status.EventUpgradeFinished, fmt.Sprintf("upgraded to %s and verified (%s)", pl.Pin, actionList(pl.Actions)))
+	}
 	if pl.Has(plan.ActionVerify) || pl.Has(plan.ActionInit) || pl.Has(plan.ActionJoin) {
 		// Only now is the node known to run the pin: a crash before this
 		// line makes the next boot finish the kubelet restart and verify.
@@ -563,6 +583,9 @@ func (p *pass) fail(ctx context.Context, obs Observation, pl plan.Plan, action, 
 	if action != "" {
 		p.doc.LastAction = action
 	}
+	if upgrading(pl) {
+		p.event("Warning", status.EventUpgradeFailed, reason+": "+p.doc.Message)
+	}
 	p.writeStatus()
 	p.Log.Error(EventDone, "outcome", "failed", "reason", reason, "action", action, "error", runner.Sanitize(err.Error(), 400))
 	return Result{Plan: pl, Status: p.doc, ExitCode: ExitFailed, Err: err}
@@ -606,6 +629,7 @@ func (p *pass) kubeadmBackups() {
 
 func (p *pass) writeStatus() {
 	p.doc.Time = p.Now().UTC().Format(time.RFC3339)
+	p.doc.Events = p.events
 	if err := status.Write(p.Root, p.doc); err != nil {
 		p.Log.Error(EventStatusFailed, "error", err.Error())
 	}

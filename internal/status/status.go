@@ -53,7 +53,26 @@ type Document struct {
 	KubeadmEtcdBackups *Backups `json:"kubeadmEtcdBackups,omitempty"`
 	Time               string   `json:"time"`
 	BootID             string   `json:"bootID,omitempty"`
+	// Events are what this pass has to tell on the Node (upgrade started,
+	// finished or failed, a refusal); `provider-kubernetes publish` records
+	// them as Kubernetes Events after the pass.
+	Events []Event `json:"events,omitempty"`
 }
+
+// Event is one Kubernetes Event a pass asks to record on its Node.
+type Event struct {
+	Type    string `json:"type"` // Normal or Warning
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+	Time    string `json:"time"`
+}
+
+// Event reasons.
+const (
+	EventUpgradeStarted  = "UpgradeStarted"
+	EventUpgradeFinished = "UpgradeFinished"
+	EventUpgradeFailed   = "UpgradeFailed"
+)
 
 // Backups summarises kubeadm's etcd backup copies.
 type Backups struct {

@@ -56,7 +56,30 @@ type API struct {
 	serverVersion string
 	apiservers    []string
 	workloads     map[string]any // "daemonsets/NAME" or "deployments/NAME" in kube-system
+	events        []corev1.Event
 	srv           *httptest.Server
+}
+
+// NodeAnnotations returns a Node's annotations (nil when there is no such Node).
+func (a *API) NodeAnnotations(name string) map[string]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n, ok := a.nodes[name]
+	if !ok {
+		return nil
+	}
+	out := map[string]string{}
+	for k, v := range n.Annotations {
+		out[k] = v
+	}
+	return out
+}
+
+// Events returns the Events created so far.
+func (a *API) Events() []corev1.Event {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]corev1.Event(nil), a.events...)
 }
 
 // SetDaemonSet serves kube-system DaemonSet name with image and status.
@@ -270,6 +293,43 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		_ = json.NewEncoder(w).Encode(obj)
+	case r.Method == http.MethodPatch && strings.HasPrefix(r.URL.Path, "/api/v1/nodes/"):
+		// A JSON merge patch of metadata.annotations, as the provider sends.
+		n, ok := a.nodes[strings.TrimPrefix(r.URL.Path, "/api/v1/nodes/")]
+		if !ok {
+			status(w, http.StatusNotFound, "node not found", metav1.StatusReasonNotFound)
+			return
+		}
+		var patch struct {
+			Metadata struct {
+				Annotations map[string]*string `json:"annotations"`
+			} `json:"metadata"`
+		}
+		if r.Header.Get("Content-Type") != "application/merge-patch+json" || json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&patch) != nil {
+			status(w, http.StatusBadRequest, "want a JSON merge patch")
+			return
+		}
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		for k, v := range patch.Metadata.Annotations {
+			if v == nil {
+				delete(n.Annotations, k)
+			} else {
+				n.Annotations[k] = *v
+			}
+		}
+		_ = json.NewEncoder(w).Encode(n)
+	case r.Method == http.MethodPost && r.URL.Path == "/api/v1/namespaces/default/events":
+		var ev corev1.Event
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&ev); err != nil {
+			status(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		ev.Name = fmt.Sprintf("%s%d", ev.GenerateName, len(a.events))
+		a.events = append(a.events, ev)
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(ev)
 	case r.Method == http.MethodGet && r.URL.Path == "/readyz":
 		w.Header().Set("Content-Type", "text/plain")
 		if a.notReady {

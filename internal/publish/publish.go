@@ -1,0 +1,174 @@
+// Package publish puts a node's last reconcile pass on its own Node object:
+// annotations under one prefix (phase, versions, outcome, refusal, time,
+// boot id) and a Kubernetes Event for each refusal, upgrade start, finish
+// and failure the pass recorded, so `kubectl describe node` and
+// `provider-kubernetes status --cluster` tell the rollout's story.
+//
+// It runs after the pass (provider-kubernetes-publish.service, ordered
+// after the reconcile unit), never inside it: the API being down at boot
+// (a control plane's own apiserver comes up after the pass) neither fails
+// nor delays the pass. The local status document stays the source of
+// truth; publishing is best effort and bounded. Nothing secret is in it:
+// the status document carries none.
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/kube"
+	"github.com/kairos-io/provider-kubernetes/internal/observe"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/wait"
+)
+
+// Prefix starts every annotation the provider writes on a Node.
+const Prefix = "provider-kubernetes.kairos.io/"
+
+// Annotation keys (after Prefix).
+const (
+	KeyPhase           = "phase"
+	KeyOutcome         = "outcome"
+	KeyRole            = "role"
+	KeyNodeVersion     = "node-version"
+	KeyVerifiedVersion = "verified-version"
+	KeyPin             = "pin"
+	KeyBundled         = "bundled"
+	KeyClusterVersion  = "cluster-version"
+	KeyRefusal         = "refusal"
+	KeyReason          = "reason"
+	KeyMessage         = "message"
+	KeyLastAction      = "last-action"
+	KeyTime            = "time"
+	KeyBootID          = "boot-id"
+)
+
+// Event is the log line of a publish.
+const Event = "node-publish"
+
+// MaxMessage bounds the message annotation.
+const MaxMessage = 500
+
+// Annotations is the status document as the Node's annotations: every key
+// is always set (empty when the document has no value), so a refusal of
+// an earlier pass does not linger after a converged one.
+func Annotations(d status.Document) map[string]string {
+	outcome := map[string]string{
+		status.PhaseConverged: "converged", status.PhaseRefused: "refused", status.PhaseFailed: "failed",
+		status.PhaseUpgrading: "running", status.PhaseBootstrapping: "running",
+	}[d.Phase]
+	m := map[string]string{
+		KeyPhase: d.Phase, KeyOutcome: outcome, KeyRole: d.Role, KeyNodeVersion: d.NodeVersion,
+		KeyVerifiedVersion: d.VerifiedVersion, KeyPin: d.Pin, KeyBundled: d.Bundled, KeyClusterVersion: d.ClusterVersion,
+		KeyRefusal: d.Refusal, KeyReason: d.Reason, KeyMessage: runner.Sanitize(status.Printable(d.Message), MaxMessage),
+		KeyLastAction: d.LastAction, KeyTime: d.Time, KeyBootID: d.BootID,
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[Prefix+k] = v
+	}
+	return out
+}
+
+// Options configure a publish.
+type Options struct {
+	Root paths.Root
+	// Budget bounds the whole publish (the API may come up late at boot).
+	Budget time.Duration
+	// APIRequest bounds one request.
+	APIRequest time.Duration
+	Clock      wait.Clock
+	Log        *slog.Logger
+}
+
+// ErrNothing: there is no pass to publish, or no Node to publish it on.
+var ErrNothing = errors.New("nothing to publish")
+
+// Run publishes the last pass's status document on this node's Node. It
+// returns ErrNothing (wrapped) when there is no document, or the node is
+// not a member.
+func Run(ctx context.Context, o Options) error {
+	if o.Clock == nil {
+		o.Clock = wait.RealClock{}
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Budget <= 0 {
+		o.Budget = 5 * time.Minute
+	}
+	if o.APIRequest <= 0 {
+		o.APIRequest = 5 * time.Second
+	}
+	d, err := status.Read(o.Root, paths.StatusFile)
+	if errors.Is(err, os.ErrNotExist) {
+		o.Log.Info(Event, "outcome", "nothing", "detail", "no status document: no pass ran in this boot")
+		return fmt.Errorf("%w: no status document", ErrNothing)
+	}
+	if err != nil {
+		return err
+	}
+	if !d.Member {
+		o.Log.Info(Event, "outcome", "nothing", "detail", "not a cluster member: no Node to publish on")
+		return fmt.Errorf("%w: not a member", ErrNothing)
+	}
+	client, err := kube.Load(o.Root, o.APIRequest, paths.KubeletConf, paths.AdminConf)
+	if err != nil {
+		o.Log.Error(Event, "outcome", "failed", "error", err.Error())
+		return err
+	}
+	node := client.NodeName
+	if node == "" {
+		node = (&observe.Observer{Root: o.Root}).Hostname()
+	}
+	if node == "" {
+		return errors.New("the node's name is unknown (no node client certificate, no hostname)")
+	}
+	// Events are recorded once per pass: the marker names the last pass
+	// whose events are on the Node.
+	pass := d.BootID + " " + d.Time
+	marker := o.Root.Path(paths.PublishedMarker)
+	done := 0
+	if b, err := fsutil.ReadFileNoFollow(marker, 4<<10); err == nil && strings.TrimSpace(string(b)) == pass {
+		done = len(d.Events)
+	}
+	start := o.Clock.Now()
+	annotations := Annotations(d)
+	b := wait.Budget{Total: o.Budget, Interval: 5 * time.Second, PerAttempt: o.APIRequest * time.Duration(2+len(d.Events))}
+	err = wait.Poll(ctx, o.Clock, b, "publish the last pass on node "+node, func(ctx context.Context) (bool, error) {
+		if err := client.Annotate(ctx, node, annotations); err != nil {
+			return false, err
+		}
+		for done < len(d.Events) {
+			ev := d.Events[done]
+			at, perr := time.Parse(time.RFC3339, ev.Time)
+			if perr != nil {
+				at = o.Clock.Now()
+			}
+			if err := client.NodeEvent(ctx, node, ev.Type, ev.Reason, ev.Message, at); err != nil {
+				return false, err
+			}
+			done++
+		}
+		return true, nil
+	})
+	attrs := []any{"outcome", "ok", "node", node, "annotations", len(annotations), "events", done, "duration", o.Clock.Now().Sub(start).Round(time.Millisecond).String()}
+	if err != nil {
+		attrs[1] = "failed"
+		o.Log.Error(Event, append(attrs, "error", runner.Sanitize(err.Error(), 400))...)
+		return err
+	}
+	if err := fsutil.MkdirAllMode(o.Root.Path(paths.RunDir), 0o755); err == nil {
+		_ = fsutil.WriteFileAtomic(marker, []byte(pass+"\n"), 0o644)
+	}
+	o.Log.Info(Event, attrs...)
+	return nil
+}

@@ -1,0 +1,143 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+)
+
+func doc(phase string) status.Document {
+	return status.Document{Phase: phase, Role: "worker", Member: true, Pin: "v1.37.2", Bundled: "v1.37.2", NodeVersion: "v1.37.2",
+		ClusterVersion: "v1.37.2", Time: "2026-11-29T12:00:00Z", BootID: "b-1"}
+}
+
+func TestAnnotations(t *testing.T) {
+	d := doc(status.PhaseRefused)
+	d.Refusal, d.Reason, d.Message = "PinNewerThanImage", "UpgradeRefused", "pin v1.37.2 is newer than the kubeadm v1.36.3 this image bundles\x1b[2J"+strings.Repeat("x", 900)
+	a := Annotations(d)
+	for k, want := range map[string]string{"phase": "Refused", "outcome": "refused", "refusal": "PinNewerThanImage", "reason": "UpgradeRefused",
+		"pin": "v1.37.2", "node-version": "v1.37.2", "bundled": "v1.37.2", "time": "2026-11-29T12:00:00Z", "boot-id": "b-1", "role": "worker"} {
+		if a[Prefix+k] != want {
+			t.Errorf("%s = %q, want %q", k, a[Prefix+k], want)
+		}
+	}
+	if m := a[Prefix+"message"]; len(m) > MaxMessage+16 || strings.ContainsRune(m, 0x1b) {
+		t.Errorf("message not bounded and sanitized: %d bytes %q", len(m), m[:40])
+	}
+	// A converged pass clears the refusal of an earlier one.
+	a = Annotations(doc(status.PhaseConverged))
+	if v, ok := a[Prefix+"refusal"]; !ok || v != "" || a[Prefix+"outcome"] != "converged" {
+		t.Errorf("converged: refusal %q (set %v), outcome %q", v, ok, a[Prefix+"outcome"])
+	}
+	for k := range a {
+		if !strings.HasPrefix(k, Prefix) {
+			t.Errorf("annotation %s outside the prefix", k)
+		}
+	}
+}
+
+type env struct {
+	node *testutil.Node
+	api  *testutil.API
+	log  *testutil.SyncBuffer
+}
+
+func newEnv(t *testing.T) *env {
+	e := &env{node: testutil.NewNode(t, "n1"), api: testutil.NewAPI(t, "v1.37.2"), log: &testutil.SyncBuffer{}}
+	e.node.Member(e.api)
+	e.api.SetNode("n1", "v1.37.2", true)
+	return e
+}
+
+func (e *env) run(t *testing.T, budget time.Duration) error {
+	t.Helper()
+	return Run(context.Background(), Options{Root: e.node.R(), Budget: budget, APIRequest: time.Second, Clock: testutil.NewClock(),
+		Log: slog.New(slog.NewTextHandler(e.log, nil))})
+}
+
+// A pass's annotations and events land on the node's own Node, through
+// its own credentials; the events once per pass, however often publish runs.
+func TestPublishOnTheNodesOwnNode(t *testing.T) {
+	e := newEnv(t)
+	d := doc(status.PhaseConverged)
+	d.Events = []status.Event{
+		{Type: "Normal", Reason: status.EventUpgradeStarted, Message: "v1.36.3 -> v1.37.2", Time: "2026-11-29T11:55:00Z"},
+		{Type: "Normal", Reason: status.EventUpgradeFinished, Message: "upgraded to v1.37.2", Time: "2026-11-29T12:00:00Z"},
+	}
+	if err := status.Write(e.node.R(), d); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.run(t, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	a := e.api.NodeAnnotations("n1")
+	if a[Prefix+"phase"] != "Converged" || a[Prefix+"node-version"] != "v1.37.2" {
+		t.Fatalf("annotations %v", a)
+	}
+	evs := e.api.Events()
+	if len(evs) != 2 || evs[0].Reason != status.EventUpgradeStarted || evs[1].Reason != status.EventUpgradeFinished ||
+		evs[0].InvolvedObject.Kind != "Node" || evs[0].InvolvedObject.Name != "n1" || evs[1].Source.Component != "provider-kubernetes" ||
+		!evs[0].FirstTimestamp.Time.Equal(time.Date(2026, 11, 29, 11, 55, 0, 0, time.UTC)) {
+		t.Fatalf("events %+v", evs)
+	}
+	// Again for the same pass: the annotations again, no second event.
+	if err := e.run(t, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.api.Events()); n != 2 {
+		t.Fatalf("%d events after publishing the same pass twice", n)
+	}
+	if !strings.Contains(e.log.String(), "msg=node-publish outcome=ok node=n1") {
+		t.Fatalf("log %s", e.log.String())
+	}
+}
+
+// The API down: publish keeps trying within its budget, then fails; the
+// pass itself never waited on it (it is not part of the pass).
+func TestPublishIsBounded(t *testing.T) {
+	e := newEnv(t)
+	if err := status.Write(e.node.R(), doc(status.PhaseConverged)); err != nil {
+		t.Fatal(err)
+	}
+	e.api.SetDown(true)
+	err := e.run(t, 30*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "budget exhausted") {
+		t.Fatalf("%v", err)
+	}
+	if !strings.Contains(e.log.String(), "msg=node-publish outcome=failed") {
+		t.Fatalf("log %s", e.log.String())
+	}
+	// It comes up: the next run publishes.
+	e.api.SetDown(false)
+	if err := e.run(t, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNothingToPublish(t *testing.T) {
+	e := newEnv(t)
+	if err := e.run(t, time.Minute); !errors.Is(err, ErrNothing) {
+		t.Fatalf("no status: %v", err)
+	}
+	d := doc(status.PhaseRefused)
+	d.Member = false
+	if err := status.Write(e.node.R(), d); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.run(t, time.Minute); !errors.Is(err, ErrNothing) {
+		t.Fatalf("not a member: %v", err)
+	}
+	if e.api.Requests() != 0 {
+		t.Fatalf("%d API requests with nothing to publish", e.api.Requests())
+	}
+	if e.node.Exists(paths.PublishedMarker) {
+		t.Fatal("marker written")
+	}
+}
