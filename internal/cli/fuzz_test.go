@@ -19,7 +19,7 @@ import (
 var hostFiles = []string{
 	paths.ClusterFile, paths.BundleManifest, paths.APIServerManifest,
 	paths.ManifestsDir + "/kube-controller-manager.yaml", paths.ManifestsDir + "/kube-scheduler.yaml",
-	paths.KubeletConf, "/var/lib/kubelet/pki/kubelet-client-current.pem", paths.StatusMirror,
+	paths.KubeletConf, testutil.KubeletClientCert, paths.StatusMirror,
 	paths.BootID, paths.Hostname,
 }
 

@@ -155,13 +155,16 @@ func (c *Client) ServerVersion(ctx context.Context) (version.Version, error) {
 // inline reads every file a kubeconfig names (CA, client certificate and
 // key, token file) under the root through the provider's checked open, and
 // puts the content into the config: client-go would otherwise open them
-// itself, following symlinks and blocking on a planted FIFO.
+// itself, following any symlink and blocking on a planted FIFO. The one
+// link followed is the kubelet's own rotation link
+// (kubelet-client-current.pem -> kubelet-client-<time>.pem, in its
+// root-owned pki directory): fsutil.ReadFileRotated.
 func inline(root paths.Root, cfg *clientcmdapi.Config) error {
 	read := func(p string) ([]byte, error) {
 		if !strings.HasPrefix(p, "/") {
 			return nil, fmt.Errorf("%q is not an absolute path", p)
 		}
-		b, err := fsutil.ReadFileNoFollow(root.Path(p), 1<<20)
+		b, err := fsutil.ReadFileRotated(string(root), p, 1<<20)
 		if err != nil {
 			return nil, fmt.Errorf("read %s: %w", p, err)
 		}

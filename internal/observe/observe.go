@@ -214,14 +214,20 @@ func ImageTag(ref string) string {
 }
 
 // WorkerVersion is this worker's version: the version the provider last
-// converged it to (the persistent status mirror), else the Node's
-// kubeletVersion, else the bundled kubelet binary. After an A/B swap the
-// kubelet on disk is already the new one, so the record comes first.
+// converged it to (the persistent status mirror, else the verified-version
+// record), else the Node's kubeletVersion. After an A/B swap the kubelet
+// on disk is already the new one (and soon reports it on the Node), so the
+// provider's records come first, and the kubelet binary is never asked: its
+// version says which image booted, not what this node was upgraded to. No
+// record and no API: unknown, and the plan refuses rather than guesses.
 func (o *Observer) WorkerVersion(ctx context.Context, client *kube.Client) (version.Version, string, error) {
 	if d, err := status.Read(o.Root, paths.StatusMirror); err == nil && d.Member && d.NodeVersion != "" {
 		if v, err := version.Parse(d.NodeVersion); err == nil {
 			return v, paths.StatusMirror, nil
 		}
+	}
+	if v, err := o.VerifiedVersion(); err == nil && !v.IsZero() {
+		return v, paths.VerifiedRecord, nil
 	}
 	var errs []error
 	if client != nil {
@@ -236,18 +242,10 @@ func (o *Observer) WorkerVersion(ctx context.Context, client *kube.Client) (vers
 			return ni.KubeletVersion, "Node " + name, nil
 		}
 		errs = append(errs, err)
-	}
-	res, err := o.Runner.Run(ctx, runner.Cmd{Path: paths.Kubelet, Args: []string{"--version"}, Timeout: 30 * time.Second})
-	if err == nil {
-		v, perr := version.ParseReported(string(res.Stdout))
-		if perr == nil {
-			return v, paths.Kubelet, nil
-		}
-		errs = append(errs, perr)
 	} else {
-		errs = append(errs, err)
+		errs = append(errs, errors.New("no API client"))
 	}
-	return version.Version{}, "", fmt.Errorf("worker version: %w", errors.Join(errs...))
+	return version.Version{}, "", fmt.Errorf("worker version: no provider record (%s, %s) and %w", paths.StatusMirror, paths.VerifiedRecord, errors.Join(errs...))
 }
 
 // BundleImages are the image references the image's bundle manifest lists.

@@ -38,6 +38,7 @@ func TestSpecialFilesDoNotHangThePass(t *testing.T) {
 		{"worker", paths.BundleManifest, true},
 		{"worker", paths.KubeletConf, true},
 		{"worker", clientCert, true},
+		{"worker", testutil.KubeletClientCert, true}, // the rotation link's target
 		{"worker", paths.LockFile, true},
 		{"worker", paths.KubeadmLog, true},
 		{"worker", paths.StatusMirror, false}, // the worker's record: the Node answers instead

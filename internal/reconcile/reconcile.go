@@ -276,6 +276,8 @@ func (p *pass) run(ctx context.Context) Result {
 	p.setDoc(obs, pl, status.PhaseConverged)
 	p.doc.NodeVersion = pl.Pin.String()
 	p.doc.Message = "converged at " + pl.Pin.String()
+	// A bootstrap made it a member: the facts were observed before it.
+	p.doc.Member = true
 	if upgrading(pl) {
 		p.event("Normal", status.EventUpgradeFinished, fmt.Sprintf("upgraded to %s and verified (%s)", pl.Pin, actionList(pl.Actions)))
 	}

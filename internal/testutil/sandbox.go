@@ -112,11 +112,22 @@ spec:
 // APIServerManifest is a kube-apiserver static pod manifest at v.
 func APIServerManifest(v string) string { return StaticPodManifest("kube-apiserver", v) }
 
+// KubeletClientCert is the dated client certificate (and key) the
+// kubelet's rotation link points at in a sandbox member.
+const KubeletClientCert = "/var/lib/kubelet/pki/kubelet-client-2026-11-29-12-00-00.pem"
+
 // Member writes kubelet.conf pointing at api, with a node client
-// certificate naming this node, as kubeadm leaves it.
+// certificate naming this node, as kubeadm and the kubelet leave it: the
+// kubeconfig names kubelet-client-current.pem, the kubelet's rotation
+// link (absolute target) to the dated certificate in the same directory.
 func (n *Node) Member(api *API) {
 	cert, key := ClientCert(n.t, "system:node:"+n.Name)
-	n.Write("/var/lib/kubelet/pki/kubelet-client-current.pem", string(cert)+string(key), 0o600)
+	n.Write(KubeletClientCert, string(cert)+string(key), 0o600)
+	link := n.Path("/var/lib/kubelet/pki/kubelet-client-current.pem")
+	_ = os.Remove(link)
+	if err := os.Symlink(KubeletClientCert, link); err != nil {
+		n.t.Fatal(err)
+	}
 	n.Write(paths.KubeletConf, Kubeconfig(api, "/var/lib/kubelet/pki/kubelet-client-current.pem"), 0o600)
 }
 
