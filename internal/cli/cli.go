@@ -75,6 +75,14 @@ Usage:
       The pre-upgrade etcd snapshot step alone, with the reconcile pass's rules
       and its single "etcd-snapshot outcome=..." line (also appended to the
       reconcile log). Exit 0 when taken or skipped, 1 when failed.
+  provider-kubernetes restore-etcd --snapshot FILE --manifests DIR --initial-cluster NAME=URL,...
+                                   [--cluster-token T] --yes [--root DIR]
+      Restore this node's stacked etcd member from a snapshot, with the
+      stopped static control plane's manifests in DIR (moved out of
+      /etc/kubernetes/manifests) naming it; the old member directory is moved
+      aside, never deleted. Prints the command for the next member (same
+      snapshot, members and token). Without --yes it shows what it would do.
+      Exit 3 when refused (nothing changed).
   provider-kubernetes prune-kubeadm-backups [--keep N] [--root DIR]
       Remove all but the newest N (default 1) of kubeadm's plaintext etcd
       copies in /etc/kubernetes/tmp, only when this node is verified at the
@@ -159,6 +167,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdReset(ctx, args[1:], stdout, stderr)
 	case "etcd-snapshot":
 		return cmdEtcdSnapshot(ctx, args[1:], stdout, stderr)
+	case "restore-etcd":
+		return cmdRestoreEtcd(ctx, args[1:], stdout, stderr)
 	case "prune-kubeadm-backups":
 		return cmdPruneKubeadmBackups(ctx, args[1:], stdout, stderr)
 	case "migrate-units":
