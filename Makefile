@@ -58,6 +58,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzKubeconfig$$' -fuzztime 30s ./internal/kube/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadEvent$$' -fuzztime 30s ./internal/plugin/
 	$(GO) test -run '^$$' -fuzz '^FuzzPlanOverHostFiles$$' -fuzztime 30s ./internal/cli/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseCheck$$' -fuzztime 30s ./internal/imageimport/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s ./internal/restore/
 
 # The filesystem tree of one per-minor OS image (build/tree-$(MINOR)), offline:
 # binaries and control-plane images built from Go modules, cached by version.
