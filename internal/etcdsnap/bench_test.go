@@ -1,53 +1,68 @@
 package etcdsnap
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
+	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kairos-io/provider-kubernetes/internal/cryptgate"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
-	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil/etcdtest"
-	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
-// BenchmarkSnapshotStep compares the provider's snapshot step (etcdctl save
-// + sha256 + etcdutl snapshot status + key count + seal) with a bare
-// `etcdctl snapshot save` of the same database, served by the real etcd
-// 3.6.8 binary (what a 1.36 control plane runs before the 1.37 apply). The
-// step runs in a child process (this test binary, TestBenchStepChild) so
-// its peak RSS is the provider's alone (etcdctl and etcdutl, its children,
-// are reported apart). Database size: ETCDSNAP_BENCH_MB
-// (default 1024). Targets: step/bare <= 1.3, provider peak RSS <= 64 MiB.
+// BenchmarkSnapshotStep compares what a user runs, the
+// `provider-kubernetes etcd-snapshot --target v1.37.2` process (etcdctl
+// save + sha256 + etcdutl snapshot status + key count + seal, from its exec
+// to its exit), with a bare `etcdctl snapshot save` of the same database
+// (also from its exec to its exit, same flags, same filesystem), served by
+// the real etcd 3.6.8 binary (what a 1.36 control plane runs before the
+// 1.37 apply). Each iteration is one round: the bare etcdctl and each
+// provider binary once, in an order that rotates every round. Between runs,
+// outside the timing, the snapshot is removed (so every run takes it anew,
+// for the same target, with nothing to prune) and the filesystem synced.
 //
-//	go test -run '^$' -bench BenchmarkSnapshotStep -benchtime 3x ./internal/etcdsnap/
+// The provider is the binary `make build` makes from this tree, or the
+// ones named in ETCDSNAP_BENCH_PROVIDERS ("before=/path,after=/path": run
+// side by side, each against the same bare runs). Its encryption gate
+// reads the kernel's stat and statfs, as on a node; only the sandbox's
+// /proc/self/mountinfo and /sys (which --root re-bases) say the sandbox's
+// real ext4/xfs device is LUKS2 dm-crypt. Peaks are VmHWM sampled every
+// 10 ms from /proc: the provider's own, and apart from it the largest of
+// its etcdctl and etcdutl children (etcdutl maps the whole snapshot while
+// it walks it). Database size: ETCDSNAP_BENCH_MB (default 1024).
+// Targets: median step/bare <= 1.2, provider peak RSS <= 64 MiB.
+//
+//	go test -run '^$' -bench BenchmarkSnapshotStep -benchtime 8x ./internal/etcdsnap/
 //
 // (the testing package also runs it once with N=1 first: the database is
-// built for each invocation, ~15 s)
+// built for each invocation, ~30 s)
 func BenchmarkSnapshotStep(b *testing.B) {
 	testutil.RequireRoot(b)
 	mb := 1024
 	if s := os.Getenv("ETCDSNAP_BENCH_MB"); s != "" {
 		mb, _ = strconv.Atoi(s)
 	}
+	providers := benchProviders(b)
 	bin := testbin.Etcd(b, EtcdOnKubeadm136)
 	n := testutil.NewNode(b, "cp1")
 	etcdtest.BundleEtcdTools(b, n)
-	etcdtest.EncryptedPersistent(b, n)
+	sandboxOnRealDevice(b, n)
 	e := etcdtest.StartBinary(b, n, bin, "registry.k8s.io/etcd:3.6.8-0", "--quota-backend-bytes=8589934592")
 	start := time.Now()
 	const valSize = 4096 // Kubernetes objects are a few KiB
@@ -68,135 +83,310 @@ func BenchmarkSnapshotStep(b *testing.B) {
 	b.Logf("database: %d MiB (%d keys of %d B) built in %s", dbSize>>20, keys, valSize, time.Since(start).Round(time.Second))
 
 	etcdctl := testbin.Etcdctl(b, etcdtest.EtcdctlVersion)
-	var bareSum, stepSum time.Duration
-	var peakRSS, peakAnon, peakTools, bareRSS int64
+	backup := n.Path(paths.EtcdBackupDir)
+	// The bare save writes next to the backup directory: the same filesystem.
+	bareDir := n.Path(paths.PersistDir + "/bare")
+	if err := os.MkdirAll(bareDir, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	bareOut := filepath.Join(bareDir, "bare.db")
+	bareArgs := []string{"--endpoints=" + e.ClientURL, "--cacert=" + n.Path(etcdtest.CACert),
+		"--cert=" + n.Path(etcdtest.HCCert), "--key=" + n.Path(etcdtest.HCKey), "--dial-timeout=10s", "--command-timeout=5m",
+		"snapshot", "save", bareOut}
+	const target = "v1.37.2"
+	clean := func() {
+		ents, _ := os.ReadDir(backup)
+		for _, ent := range ents {
+			os.Remove(filepath.Join(backup, ent.Name()))
+		}
+		os.Remove(bareOut)
+		unix.Sync() // the removal's and the last run's writeback, journal and discards land here, not in the next run
+	}
+
+	type job struct {
+		name string
+		bin  string
+		args []string
+	}
+	jobs := []job{{name: "bare", bin: etcdctl, args: bareArgs}}
+	for _, p := range providers {
+		jobs = append(jobs, job{name: p.name, bin: p.path, args: []string{"etcd-snapshot", "--target", target, "--root", n.Root}})
+	}
+	runs := map[string][]benchRun{}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		var step stepRun
-		if i%2 == 1 { // alternate which runs first
-			step = runStepChild(b, n, version.Version{Major: 1, Minor: 37 + i, Patch: 0})
+		byName := map[string]benchRun{}
+		for k := range jobs {
+			j := jobs[(i+k)%len(jobs)] // rotate who runs first
+			b.StopTimer()
+			clean()
+			b.StartTimer()
+			r := runMeasured(b, j.bin, j.args)
+			if j.name == "bare" {
+				if r.err != nil {
+					b.Fatalf("bare etcdctl: %v\n%s", r.err, r.out)
+				}
+			} else if err := r.parseStep(); err != nil {
+				b.Fatalf("%s: %v\n%s", j.name, err, r.out)
+			}
+			byName[j.name] = r
+			runs[j.name] = append(runs[j.name], r)
 		}
-		// The bare command an operator would run, same flags, same disk.
-		out := filepath.Join(b.TempDir(), "bare.db")
-		cmd := testutil.Command(b, 10*time.Minute, etcdctl, "--endpoints="+e.ClientURL, "--cacert="+n.Path(etcdtest.CACert),
-			"--cert="+n.Path(etcdtest.HCCert), "--key="+n.Path(etcdtest.HCKey), "--dial-timeout=10s", "--command-timeout=5m",
-			"snapshot", "save", out)
-		var o bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &o
-		t0 := time.Now()
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
+		bare := byName["bare"]
+		line := fmt.Sprintf("round %d: bare etcdctl %s (peak %d MiB)", i+1, bare.took.Round(time.Millisecond), bare.hwm>>20)
+		for _, p := range providers {
+			r := byName[p.name]
+			line += fmt.Sprintf("; %s %s = %.3f x bare (save %s, verify %s), peak RSS %d MiB (anonymous %d MiB), etcdctl/etcdutl peak %d MiB",
+				p.name, r.took.Round(time.Millisecond), r.took.Seconds()/bare.took.Seconds(), r.save.Round(time.Millisecond),
+				r.verify.Round(time.Millisecond), r.hwm>>20, r.anon>>20, r.children>>20)
 		}
-		stop := pollPeak(cmd.Process.Pid, "VmHWM:")
-		err := cmd.Wait()
-		bare := time.Since(t0)
-		if err != nil {
-			b.Fatalf("bare etcdctl: %v\n%s", err, o.String())
-		}
-		bareRSS = max(bareRSS, stop())
-		os.Remove(out)
-
-		if i%2 == 0 {
-			step = runStepChild(b, n, version.Version{Major: 1, Minor: 37 + i, Patch: 0})
-		}
-		bareSum += bare
-		stepSum += step.took
-		peakRSS, peakAnon, peakTools = max(peakRSS, step.rss), max(peakAnon, step.anon), max(peakTools, step.toolsRSS)
-		b.Logf("run %d: bare etcdctl %s, provider step %s (ratio %.2f), provider peak RSS %d MiB (anonymous %d MiB), etcdctl/etcdutl peak RSS %d MiB",
-			i+1, bare.Round(time.Millisecond), step.took.Round(time.Millisecond), step.took.Seconds()/bare.Seconds(),
-			step.rss>>20, step.anon>>20, step.toolsRSS>>20)
+		b.Log(line)
 	}
 	b.StopTimer()
-	b.ReportMetric(stepSum.Seconds()/bareSum.Seconds(), "step/bare")
-	b.ReportMetric(float64(peakRSS)/(1<<20), "provider-peak-RSS-MiB")
-	b.ReportMetric(float64(peakAnon)/(1<<20), "provider-peak-anon-MiB")
-	b.ReportMetric(float64(peakTools)/(1<<20), "step-tools-peak-RSS-MiB")
-	b.ReportMetric(float64(bareRSS)/(1<<20), "etcdctl-peak-RSS-MiB")
+	clean()
+
+	bares := runs["bare"]
+	secs := func(rs []benchRun, f func(benchRun) float64) []float64 {
+		out := make([]float64, len(rs))
+		for i, r := range rs {
+			out[i] = f(r)
+		}
+		return out
+	}
+	bt := secs(bares, func(r benchRun) float64 { return r.took.Seconds() })
+	b.Logf("%d rounds, %d MiB database: min / median / max", b.N, dbSize>>20)
+	b.Logf("  bare etcdctl            %s", mmm(bt, "%.3fs"))
+	for _, p := range providers {
+		rs := runs[p.name]
+		st := secs(rs, func(r benchRun) float64 { return r.took.Seconds() })
+		ratio := make([]float64, len(rs))
+		for i := range rs {
+			ratio[i] = st[i] / bt[i] // the same round's bare run
+		}
+		hwm := secs(rs, func(r benchRun) float64 { return float64(r.hwm) / (1 << 20) })
+		b.Logf("  %-10s step        %s", p.name, mmm(st, "%.3fs"))
+		b.Logf("  %-10s step/bare   %s", p.name, mmm(ratio, "%.3f"))
+		b.Logf("  %-10s save        %s", p.name, mmm(secs(rs, func(r benchRun) float64 { return r.save.Seconds() }), "%.3fs"))
+		b.Logf("  %-10s verify      %s", p.name, mmm(secs(rs, func(r benchRun) float64 { return r.verify.Seconds() }), "%.3fs"))
+		b.Logf("  %-10s peak RSS    %s", p.name, mmm(hwm, "%.1f MiB"))
+		prefix := ""
+		if len(providers) > 1 {
+			prefix = p.name + "-"
+		}
+		b.ReportMetric(median(ratio), prefix+"step/bare")
+		b.ReportMetric(slices.Max(ratio), prefix+"max-step/bare")
+		b.ReportMetric(median(st), prefix+"step-s")
+		b.ReportMetric(slices.Max(hwm), prefix+"provider-peak-RSS-MiB")
+		b.ReportMetric(slices.Max(secs(rs, func(r benchRun) float64 { return float64(r.anon) / (1 << 20) })), prefix+"provider-peak-anon-MiB")
+		b.ReportMetric(slices.Max(secs(rs, func(r benchRun) float64 { return float64(r.children) / (1 << 20) })), prefix+"step-tools-peak-RSS-MiB")
+	}
+	b.ReportMetric(median(bt), "bare-s")
+	b.ReportMetric(slices.Max(secs(bares, func(r benchRun) float64 { return float64(r.hwm) / (1 << 20) })), "etcdctl-peak-RSS-MiB")
 	b.ReportMetric(float64(dbSize)/(1<<20), "db-MiB")
 }
 
-// runStepChild runs one Take in a child process and returns its duration
-// and peak RSS (as the child measured them) and its sampled peak anonymous RSS.
-func runStepChild(b *testing.B, n *testutil.Node, target version.Version) stepRun {
-	cmd := testutil.Command(b, 10*time.Minute, os.Args[0], "-test.run=^TestBenchStepChild$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "ETCDSNAP_BENCH_CHILD="+n.Root, "ETCDSNAP_BENCH_TARGET="+target.String())
-	stdout, err := cmd.StdoutPipe()
+type namedBin struct{ name, path string }
+
+// benchProviders is ETCDSNAP_BENCH_PROVIDERS, else the binary `make build`
+// makes from this tree (stripped, trimmed paths).
+func benchProviders(b *testing.B) []namedBin {
+	if s := os.Getenv("ETCDSNAP_BENCH_PROVIDERS"); s != "" {
+		var out []namedBin
+		for _, kv := range strings.Split(s, ",") {
+			name, p, ok := strings.Cut(kv, "=")
+			if !ok || name == "" || name == "bare" || !filepath.IsAbs(p) {
+				b.Fatalf("ETCDSNAP_BENCH_PROVIDERS: %q is not name=/absolute/path", kv)
+			}
+			if _, err := os.Stat(p); err != nil {
+				b.Fatal(err)
+			}
+			out = append(out, namedBin{name, p})
+		}
+		return out
+	}
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(goBin); err != nil {
+		goBin = "go"
+	}
+	mod, err := exec.Command(goBin, "env", "GOMOD").Output()
+	if err != nil || strings.TrimSpace(string(mod)) == "" {
+		b.Fatalf("go env GOMOD: %v", err)
+	}
+	out := filepath.Join(b.TempDir(), "provider-kubernetes")
+	cmd := testutil.Command(b, 10*time.Minute, goBin, "build", "-trimpath", "-ldflags", "-s -w", "-o", out, "./cmd/provider-kubernetes")
+	cmd.Dir = filepath.Dir(strings.TrimSpace(string(mod)))
+	if o, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("go build the provider: %v\n%s", err, o)
+	}
+	return []namedBin{{"provider", out}}
+}
+
+// sandboxOnRealDevice lays out a Kairos node whose COS_PERSISTENT
+// (/usr/local, bind-mounted onto /etc/kubernetes and /var/lib/etcd) is the
+// device the sandbox really is on, described in the sandbox's mountinfo and
+// /sys as LUKS2 dm-crypt: the provider process's gate then passes on the
+// kernel's own stat and statfs of the sandbox, with no seam.
+func sandboxOnRealDevice(b *testing.B, n *testutil.Node) {
+	if err := os.MkdirAll(n.Path(paths.PersistDir), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	st, err := cryptgate.RealFS{}.Stat(n.Path("/usr/local"))
 	if err != nil {
 		b.Fatal(err)
 	}
-	cmd.Stderr = os.Stderr
+	fstype := map[int64]string{cryptgate.MagicExt4: "ext4", cryptgate.MagicXFS: "xfs"}[st.Magic]
+	if fstype == "" || st.Dev.Major == 0 {
+		b.Fatalf("the sandbox %s is on %s (magic %#x): the benchmark needs TMPDIR on an ext4 or xfs block device", n.Root, st.Dev, st.Magic)
+	}
+	dev := st.Dev.String()
+	n.Write(cryptgate.Mountinfo, fmt.Sprintf(`21 1 0:30 / / rw,relatime shared:1 - overlay overlay rw
+40 21 %[1]s / /usr/local rw,relatime shared:20 - %[2]s /dev/mapper/luks-persistent rw
+41 21 %[1]s /.state/etc-kubernetes.bind /etc/kubernetes rw,relatime shared:20 - %[2]s /dev/mapper/luks-persistent rw
+42 21 %[1]s /.state/var-lib-etcd.bind /var/lib/etcd rw,relatime shared:20 - %[2]s /dev/mapper/luks-persistent rw
+`, dev, fstype), 0o444)
+	n.Write("/sys/devices/virtual/block/dm-0/dm/uuid", "CRYPT-LUKS2-6b1f0e7a2c3d4e5f8091a2b3c4d5e6f7-luks-persistent\n", 0o444)
+	if err := os.MkdirAll(n.Path(cryptgate.SysDevBlk), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.Symlink("../../devices/virtual/block/dm-0", n.Path(cryptgate.SysDevBlk+"/"+dev)); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// benchRun is one measured process.
+type benchRun struct {
+	took                time.Duration // exec to exit
+	hwm, anon, children int64         // its VmHWM, largest RssAnon, its children's largest VmHWM
+	out                 string
+	err                 error
+	save, verify        time.Duration // from the provider's taken line
+}
+
+var takenLine = regexp.MustCompile(`etcd-snapshot outcome=taken .*\bsave=(\S+) verify=(\S+)`)
+
+// parseStep checks the provider said taken and reads its save and verify times.
+func (r *benchRun) parseStep() error {
+	if r.err != nil {
+		return r.err
+	}
+	m := takenLine.FindStringSubmatch(r.out)
+	if m == nil {
+		return fmt.Errorf("no outcome=taken line")
+	}
+	var err error
+	if r.save, err = time.ParseDuration(m[1]); err != nil {
+		return err
+	}
+	r.verify, err = time.ParseDuration(m[2])
+	return err
+}
+
+// runMeasured runs one command with the environment a unit gives it,
+// timing it from before its exec to its exit and sampling its peaks.
+func runMeasured(b *testing.B, bin string, args []string) benchRun {
+	cmd := testutil.Command(b, 10*time.Minute, bin, args...)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "HOME=/root"}
+	cmd.Dir = "/"
+	var o bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &o
+	t0 := time.Now()
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	stopAnon := pollPeak(cmd.Process.Pid, "RssAnon:")
-	var took time.Duration
-	var rss, toolsRSS int64
-	var lines []string
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		l := sc.Text()
-		lines = append(lines, l)
-		if rest, ok := strings.CutPrefix(l, "BENCH-RESULT "); ok {
-			f := strings.Fields(rest)
-			if len(f) < 2 || f[0] != string(Taken) {
-				b.Errorf("step: %s", rest)
-			}
-			if len(f) >= 4 {
-				took, _ = time.ParseDuration(f[1])
-				rss, _ = strconv.ParseInt(strings.TrimPrefix(f[2], "rss="), 10, 64)
-				toolsRSS, _ = strconv.ParseInt(strings.TrimPrefix(f[3], "tools-rss="), 10, 64)
-				b.Logf("step: %s", rest)
-			}
+	stop := samplePeaks(cmd.Process.Pid)
+	err := cmd.Wait()
+	took := time.Since(t0)
+	p := stop()
+	return benchRun{took: took, hwm: p[0], anon: p[1], children: p[2], out: o.String(), err: err}
+}
+
+// samplePeaks samples a process's /proc status every 10 ms: its VmHWM
+// (its own high-water mark, monotonic: the last sample is its peak up to
+// then), its RssAnon, and the VmHWM of each of its children. The process
+// is read through a /proc/PID directory opened while it is certainly
+// unreaped, so a recycled PID is never read. stop returns the peaks.
+func samplePeaks(pid int) (stop func() [3]int64) {
+	dir, err := unix.Open(fmt.Sprintf("/proc/%d", pid), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return func() [3]int64 { return [3]int64{} }
+	}
+	var peaks [3]atomic.Int64
+	setMax := func(a *atomic.Int64, v int64) {
+		if v > a.Load() {
+			a.Store(v)
 		}
 	}
-	peakAnon := stopAnon() // before Wait reaps the child and its /proc entry goes
-	err = cmd.Wait()
-	if err != nil || took == 0 || rss == 0 {
-		b.Fatalf("step child: %v\n%s", err, strings.Join(lines, "\n"))
-	}
-	return stepRun{took: took, rss: rss, anon: peakAnon, toolsRSS: toolsRSS}
-}
-
-// stepRun is one provider step as its child measured it.
-type stepRun struct {
-	took                time.Duration
-	rss, anon, toolsRSS int64 // the provider's peak RSS and sampled anonymous peak; the largest etcdctl/etcdutl
-}
-
-// pollPeak samples one field of a process's /proc status every 20 ms
-// (VmHWM: its own peak; RssAnon: its anonymous memory); stop returns the
-// largest sample taken while it ran.
-func pollPeak(pid int, field string) (stop func() int64) {
-	var last atomic.Int64
-	done := make(chan struct{})
-	finished := make(chan struct{})
+	done, finished := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(finished)
+		defer unix.Close(dir)
 		for {
-			if v := procStatus(pid, field); v > last.Load() {
-				last.Store(v)
+			s := readAt(dir, "status")
+			setMax(&peaks[0], statusField(s, "VmHWM:"))
+			setMax(&peaks[1], statusField(s, "RssAnon:"))
+			for _, c := range children(dir) {
+				cs, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", c))
+				setMax(&peaks[2], statusField(string(cs), "VmHWM:"))
 			}
 			select {
 			case <-done:
 				return
-			case <-time.After(20 * time.Millisecond):
+			case <-time.After(10 * time.Millisecond):
 			}
 		}
 	}()
-	return func() int64 {
+	return func() [3]int64 {
 		close(done)
 		<-finished
-		return last.Load()
+		return [3]int64{peaks[0].Load(), peaks[1].Load(), peaks[2].Load()}
 	}
 }
 
-// procStatus reads one "kB" field of /proc/PID/status in bytes (0 when gone).
-func procStatus(pid int, field string) int64 {
-	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+func readAt(dir int, name string) string {
+	fd, err := unix.Openat(dir, name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0
+		return ""
 	}
-	for _, l := range strings.Split(string(s), "\n") {
+	defer unix.Close(fd)
+	buf := make([]byte, 8192)
+	var out []byte
+	for {
+		n, err := unix.Read(fd, buf)
+		if n <= 0 || err != nil {
+			return string(out)
+		}
+		out = append(out, buf[:n]...)
+	}
+}
+
+// children lists the child PIDs of every thread of the process.
+func children(dir int) []int {
+	tasks := readDirNames(dir, "task")
+	var out []int
+	for _, t := range tasks {
+		for _, f := range strings.Fields(readAt(dir, "task/"+t+"/children")) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+func readDirNames(dir int, name string) []string {
+	fd, err := unix.Openat(dir, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	names, _ := f.Readdirnames(-1)
+	return names
+}
+
+// statusField reads one "kB" field of a /proc status in bytes (0 when absent).
+func statusField(s, field string) int64 {
+	for _, l := range strings.Split(s, "\n") {
 		if v, ok := strings.CutPrefix(l, field); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			return kb << 10
@@ -205,31 +395,22 @@ func procStatus(pid int, field string) int64 {
 	return 0
 }
 
-// TestBenchStepChild is the benchmark's child: one Take on the parent's node.
-func TestBenchStepChild(t *testing.T) {
-	root := os.Getenv("ETCDSNAP_BENCH_CHILD")
-	if root == "" {
-		t.Skip("the child half of BenchmarkSnapshotStep")
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
 	}
-	target := version.MustParse(os.Getenv("ETCDSNAP_BENCH_TARGET"))
-	r := paths.Root(root)
-	o := Options{Root: r, Runner: runner.Exec{Root: root}, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		FS: etcdtest.PersistFS{Prefix: r.Path("/usr/local"), Dev: cryptgate.Dev{Major: 254, Minor: 0}}}
-	start := time.Now()
-	res := Take(context.Background(), o, target)
-	took := time.Since(start)
-	// VmHWM is this process's own peak. ru_maxrss is not: Linux carries the
-	// high-water mark of the image a process replaced at exec, and Go's
-	// vfork-style exec shares the parent's memory until then, so every child
-	// starts with its parent's peak. RUSAGE_CHILDREN is the largest of the
-	// etcdctl and etcdutl this process ran (an upper bound, for the same reason).
-	var children syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &children); err != nil {
-		t.Fatal(err)
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
 	}
-	fmt.Printf("BENCH-RESULT %s %s rss=%d tools-rss=%d save=%s verify=%s\n", res.Outcome, took, procStatus(os.Getpid(), "VmHWM:"),
-		children.Maxrss<<10, res.SaveTook, res.VerifyTook)
-	if res.Outcome != Taken {
-		t.Fatalf("%+v", res)
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// mmm formats min / median / max.
+func mmm(v []float64, format string) string {
+	if len(v) == 0 {
+		return "-"
 	}
+	return fmt.Sprintf(format+" / "+format+" / "+format, slices.Min(v), median(v), slices.Max(v))
 }
