@@ -281,35 +281,10 @@ func TestHAUpgrade(t *testing.T) {
 	progress(t, "cluster of 3 control planes and a worker up at v1.36.3 after %s", time.Since(start).Round(time.Second))
 	t.Logf("bootstrap of 4 nodes: %s", time.Since(start).Round(time.Second))
 
-	// Scenario 4: the worker rebooted into 1.37 before any control plane.
-	stop(w1)
-	if err := w1.n.SetTree(tr["1.37"]); err != nil {
-		t.Fatal(err)
+	rollout(t, "bootstrap", cp1, 0, "nothing: every node is converged at v1.36.3")
+	for _, hn := range nodes {
+		published(t, hn, cp1)
 	}
-	bumpPin(t, w1.n, "v1.37.2")
-	setBudget(t, w1.n, "waitForCluster", "60s")
-	waitStart := time.Now()
-	if code := boot(w1, "1.37 image before the control planes"); code != 1 {
-		t.Fatalf("early worker: exit %d, want 1\n%s", code, lastPass(reconcileLog(t, w1.n)))
-	}
-	if st := nodeStatus(t, w1.n); st.Reason != "ControlPlaneNotUpgraded" {
-		t.Fatalf("early worker status %+v", st)
-	}
-	if took := time.Since(waitStart); took > 5*time.Minute {
-		t.Fatalf("the early worker's pass took %s with a 60s wait budget", took)
-	}
-	// The operator takes it back to the 1.36 image until the control planes are done.
-	stop(w1)
-	if err := w1.n.SetTree(tr["1.36"]); err != nil {
-		t.Fatal(err)
-	}
-	bumpPin(t, w1.n, "v1.36.3")
-	setBudget(t, w1.n, "waitForCluster", "")
-	if code := boot(w1, "back on 1.36"); code != 0 {
-		t.Fatalf("w1 back on 1.36: exit %d", code)
-	}
-	waitNodes(t, cp2.n, "v1.36.3", "cp1", "cp2", "cp3", "w1")
-	check("early worker", cp2)
 
 	// Scenario 3 and the first control plane: swap cp1, kill it hard in the
 	// middle of upgrade apply, boot it again: the pass converges.
@@ -359,6 +334,53 @@ func TestHAUpgrade(t *testing.T) {
 	}
 	waitNodes(t, cp2.n, "v1.37.2", "cp1")
 	check("cp1 upgrade apply (killed and resumed)", cp2)
+	published(t, cp1, cp1)
+	rollout(t, "cp1 upgrade apply", cp1, 1, "next: boot cp2 into the 1.37 image with pin v1.37.2; then cp3; workers after (w1)")
+
+	// Scenario 4 (issue 14): the worker rebooted into 1.37 right after the
+	// first control plane's apply, when kubeadm-config already reads
+	// v1.37.2 but cp2 and cp3 still serve v1.36.3. With its own credentials
+	// (kubelet.conf) it asks every apiserver and waits; it fails in budget
+	// naming the two behind, and the operator takes it back to 1.36.
+	stop(w1)
+	if err := w1.n.SetTree(tr["1.37"]); err != nil {
+		t.Fatal(err)
+	}
+	bumpPin(t, w1.n, "v1.37.2")
+	setBudget(t, w1.n, "waitForCluster", "60s")
+	waitStart := time.Now()
+	if code := boot(w1, "1.37 image right after cp1's apply"); code != 1 {
+		t.Fatalf("early worker: exit %d, want 1\n%s", code, lastPass(reconcileLog(t, w1.n)))
+	}
+	st := nodeStatus(t, w1.n)
+	for _, want := range []string{"control planes still behind v1.37.2: ", "10.0.0.12:6443 at v1.36.3", "10.0.0.13:6443 at v1.36.3"} {
+		if st.Reason != "ControlPlaneNotUpgraded" || !strings.Contains(st.Message, want) {
+			t.Fatalf("early worker status %+v, want %q", st, want)
+		}
+	}
+	if strings.Contains(st.Message, "10.0.0.11:6443 at") {
+		t.Fatalf("the early worker names cp1, which is at v1.37.2: %s", st.Message)
+	}
+	if took := time.Since(waitStart); took > 5*time.Minute {
+		t.Fatalf("the early worker's pass took %s with a 60s wait budget", took)
+	}
+	if pass := lastPass(reconcileLog(t, w1.n)); strings.Contains(pass, "msg=upgrade-node") {
+		t.Fatalf("the early worker ran upgrade node:\n%s", pass)
+	}
+	published(t, w1, cp1)
+	// The operator takes it back to the 1.36 image until the control planes are done.
+	stop(w1)
+	if err := w1.n.SetTree(tr["1.36"]); err != nil {
+		t.Fatal(err)
+	}
+	bumpPin(t, w1.n, "v1.36.3")
+	setBudget(t, w1.n, "waitForCluster", "")
+	if code := boot(w1, "back on 1.36"); code != 0 {
+		t.Fatalf("w1 back on 1.36: exit %d", code)
+	}
+	waitNodes(t, cp1.n, "v1.36.3", "w1")
+	check("early worker", cp1)
+
 
 	// The followers, one at a time. On cp2, a kubelet flag 1.37 removed is
 	// planted in kubeadm-flags.env before the swap: its new kubelet
@@ -394,6 +416,15 @@ func TestHAUpgrade(t *testing.T) {
 		if strings.Contains(pass, "scheduler") {
 			t.Fatalf("%s waited on a scheduler:\n%s", hn.name, pass)
 		}
+		// kube-proxy and CoreDNS move with the last control plane: only
+		// cp3's verification waits for them.
+		addons := "msg=addons outcome=not-last last_control_plane=false"
+		if hn == cp3 {
+			addons = "msg=addons outcome=ok last_control_plane=true kube_proxy=v1.37.2 coredns=v1.14.6"
+		}
+		if !strings.Contains(pass, addons) {
+			t.Fatalf("%s pass lacks %q:\n%s", hn.name, addons, pass)
+		}
 		if hn == cp2 {
 			for _, want := range []string{"msg=kubelet-flags-removed flag=--containerd file=/var/lib/kubelet/kubeadm-flags.env", "msg=kubelet-start outcome=ok"} {
 				if !strings.Contains(pass, want) {
@@ -402,6 +433,12 @@ func TestHAUpgrade(t *testing.T) {
 			}
 		}
 		check(hn.name+" upgrade node", cp1)
+		published(t, hn, cp1)
+		if hn == cp2 {
+			rollout(t, "cp2 upgrade node", cp1, 1, "next: boot cp3 into the 1.37 image with pin v1.37.2; workers after (w1)")
+		} else {
+			rollout(t, "cp3 upgrade node", cp1, 1, "next: boot w1 into the 1.37 image with pin v1.37.2")
+		}
 	}
 
 	// The worker last, on a later boot now that the control planes are done.
@@ -415,6 +452,15 @@ func TestHAUpgrade(t *testing.T) {
 	}
 	waitNodes(t, cp1.n, "v1.37.2", "cp1", "cp2", "cp3", "w1")
 	v := check("worker upgrade node", cp1)
+	published(t, w1, cp1)
+	rollout(t, "worker upgrade node", cp1, 0, "nothing: every node is converged at v1.37.2")
+	// kubectl describe node tells the story of cp2's upgrade.
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	desc, err := cp1.n.Output(ctx, "/usr/bin/kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", "describe", "node", "cp2")
+	cancel()
+	if err != nil || !strings.Contains(desc, "UpgradeStarted") || !strings.Contains(desc, "UpgradeFinished") || !strings.Contains(desc, "provider-kubernetes.kairos.io/phase: Converged") {
+		t.Fatalf("kubectl describe node cp2 does not tell the upgrade (%v):\n%s", err, desc)
+	}
 	for _, hn := range []*haNode{cp1, cp2, cp3} {
 		if !strings.HasPrefix(v.etcd[hn.name], "3.7.") {
 			t.Fatalf("etcd on %s runs %s", hn.name, v.etcd[hn.name])
@@ -450,4 +496,53 @@ func TestHAUpgrade(t *testing.T) {
 		peak = append(peak, fmt.Sprintf("%s %d MiB", hn.name, hn.n.PeakMemory()>>20))
 	}
 	t.Logf("whole HA scenario: %s; peak memory %s", time.Since(start).Round(time.Second), strings.Join(peak, ", "))
+}
+
+// published waits for the node's publish unit after its pass and checks its
+// Node carries the pass (read through via, a control plane with admin.conf).
+func published(t *testing.T, hn, via *haNode) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
+	defer cancel()
+	st, err := hn.n.WaitUnit(ctx, "provider-kubernetes-publish.service", 6*time.Minute)
+	if err != nil || st.ExecMainStatus != 0 {
+		j, _ := hn.n.UnitJournal(ctx, "provider-kubernetes-publish.service")
+		t.Fatalf("%s: publish %v %v\n%s", hn.name, st, err, j)
+	}
+	doc := nodeStatus(t, hn.n)
+	out, err := kubectlVia(ctx, via, "get", "node", hn.name, "-o", "jsonpath={.metadata.annotations}")
+	if err != nil {
+		t.Fatalf("%s annotations: %v %s", hn.name, err, out)
+	}
+	var a map[string]string
+	if err := json.Unmarshal([]byte(out), &a); err != nil {
+		t.Fatalf("%s annotations %q: %v", hn.name, out, err)
+	}
+	const p = "provider-kubernetes.kairos.io/"
+	for k, want := range map[string]string{"phase": doc.Phase, "node-version": doc.NodeVersion, "pin": doc.Pin, "time": doc.Time,
+		"boot-id": doc.BootID, "refusal": doc.Refusal, "reason": doc.Reason, "bundled": doc.Bundled} {
+		if a[p+k] != want {
+			t.Fatalf("%s annotation %s = %q, the status says %q", hn.name, k, a[p+k], want)
+		}
+	}
+}
+
+// rollout runs provider-kubernetes status --cluster on via (a control
+// plane: admin.conf by default), prints the table and checks its exit code
+// and next step.
+func rollout(t *testing.T, step string, via *haNode, wantExit int, wantNext string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := via.n.Exec(ctx, "/usr/bin/provider-kubernetes", "status", "--cluster")
+	out := string(res.Stdout)
+	progress(t, "status --cluster after %s (exit %d):\n%s", step, res.ExitCode, out)
+	if res.ExitCode != wantExit || !strings.Contains(out, wantNext) {
+		t.Fatalf("status --cluster after %s: exit %d (want %d), %v\n%s%s\nwant %q", step, res.ExitCode, wantExit, err, out, res.Stderr, wantNext)
+	}
+	for _, n := range []string{"cp1", "cp2", "cp3", "w1"} {
+		if !strings.Contains(out, n) {
+			t.Fatalf("status --cluster lacks %s:\n%s", n, out)
+		}
+	}
 }
