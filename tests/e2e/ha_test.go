@@ -381,7 +381,6 @@ func TestHAUpgrade(t *testing.T) {
 	waitNodes(t, cp1.n, "v1.36.3", "w1")
 	check("early worker", cp1)
 
-
 	// The followers, one at a time. On cp2, a kubelet flag 1.37 removed is
 	// planted in kubeadm-flags.env before the swap: its new kubelet
 	// crash-loops until the repair rewrites the file.
