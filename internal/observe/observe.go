@@ -327,6 +327,17 @@ func (o *Observer) ClusterVersion(ctx context.Context, client *kube.Client, b wa
 	return v, err
 }
 
+// ClusterVersionOnce is one attempt at the cluster version, bounded by the
+// API timeout: no retry, no wait between attempts.
+func (o *Observer) ClusterVersionOnce(ctx context.Context, client *kube.Client) (version.Version, error) {
+	if client == nil {
+		return version.Version{}, errors.New("no API client")
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.apiTimeout())
+	defer cancel()
+	return client.ClusterVersion(ctx)
+}
+
 // ReadManifest reads a static pod manifest, refusing symlinks.
 func ReadManifest(path string) ([]byte, error) { return fsutil.ReadFileNoFollow(path, 1<<20) }
 

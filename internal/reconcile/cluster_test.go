@@ -10,6 +10,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	"github.com/kairos-io/provider-kubernetes/pkg/plan"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
@@ -238,5 +239,43 @@ func TestPassRecordsItsEvents(t *testing.T) {
 		if strings.Contains(ev.Message, "0123456789abcdef") || strings.Contains(ev.Message, testutil.Token) {
 			t.Fatalf("an event carries a secret: %q", ev.Message)
 		}
+	}
+}
+
+// Issue 16: a converged boot never waits on the network. A control plane at
+// its pin and verified there, its own apiserver not up yet at boot: one
+// request for the cluster version (it only feeds a warning), no retry, no
+// sleep, converged.
+func TestConvergedPassNeverWaitsOnTheNetwork(t *testing.T) {
+	for _, role := range []string{"controlplane", "worker"} {
+		t.Run(role, func(t *testing.T) {
+			e := newEnv(t, role, "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "")
+			e.api.SetDown(true)
+			start := e.clock.Now()
+			res := e.run(Steps{})
+			if res.ExitCode != ExitOK || len(e.lines()) != 0 {
+				t.Fatalf("exit %d %v ran %q", res.ExitCode, res.Err, e.lines())
+			}
+			if waited := e.clock.Now().Sub(start); waited != 0 {
+				t.Fatalf("a converged pass waited %s", waited)
+			}
+			if n := e.api.Requests(); n != 1 {
+				t.Fatalf("a converged pass made %d API requests (%q), want one attempt", n, e.api.Paths())
+			}
+		})
+	}
+	// Not verified at the pin: not converged, the cluster version decides
+	// (here it is behind: the interrupted apply is resumed once the API is up).
+	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.37.2", "v1.36.3", "")
+	e.node.Write(paths.VerifiedRecord, "v1.36.3\n", 0o644)
+	e.api.SetDown(true)
+	e.api.OnRequest = func(n int) {
+		if n == 5 {
+			e.api.SetDown(false)
+		}
+	}
+	res := e.run(Steps{})
+	if res.ExitCode != ExitOK || !res.Plan.Has(plan.ActionUpgradeApply) {
+		t.Fatalf("exit %d %v plan %v", res.ExitCode, res.Err, res.Plan.Actions)
 	}
 }

@@ -138,7 +138,10 @@ func (p *pass) verify(ctx context.Context, obs Observation, pl plan.Plan) error 
 				return false, err
 			}
 		}
-		if pl.Has(plan.ActionUpgradeApply) {
+		// The cluster version too on a control plane: after its apply, a
+		// follower's upgrade node, or finishing an interrupted upgrade
+		// (kubeadm records it last: a cut apply leaves it behind).
+		if obs.ControlPlane || pl.Has(plan.ActionUpgradeApply) {
 			c, err := client.ClusterVersion(ctx)
 			if err != nil {
 				return false, err

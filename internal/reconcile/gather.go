@@ -144,15 +144,18 @@ func Gather(ctx context.Context, o *observe.Observer, ov Overrides, clusterBudge
 		f.Cluster = *ov.Cluster
 		return obs
 	}
-	b := clusterBudget
-	if pin, err := version.Parse(f.Pin); err == nil && pin == f.Node {
-		// Converged: the cluster version only feeds a warning. One short try.
-		b = wait.Budget{Total: o.APITimeout, PerAttempt: o.APITimeout, Interval: o.APITimeout}
-		if b.Total <= 0 {
-			b = wait.Budget{Total: 5e9, PerAttempt: 5e9, Interval: 5e9}
+	if pin, err := version.Parse(f.Pin); err == nil && pin == f.Node && (f.Verified.IsZero() || !f.Verified.Less(pin)) {
+		// Converged (at the pin, verified there): the cluster version only
+		// feeds a warning. One attempt, never a wait: at boot a control
+		// plane's own apiserver is not up yet.
+		v, err := o.ClusterVersionOnce(ctx, obs.Client)
+		if err != nil {
+			note("cluster version not read on a converged boot (one attempt): " + err.Error())
 		}
+		f.Cluster = v
+		return obs
 	}
-	v, err := o.ClusterVersion(ctx, obs.Client, b)
+	v, err := o.ClusterVersion(ctx, obs.Client, clusterBudget)
 	if err != nil {
 		note("cluster version unknown: " + err.Error())
 	}

@@ -208,6 +208,12 @@ func Decide(w version.Window, f Facts) Plan {
 	// crash between kubeadm and the kubelet restart leaves the manifests at
 	// the pin): finish it, restart the kubelet and verify.
 	if p == n && !f.Verified.IsZero() && f.Verified.Less(p) && p == b {
+		if cp && c.IsZero() {
+			// Finishing and resuming an interrupted apply look alike until
+			// the cluster's version is known: never finish on doubt.
+			return Plan{Verdict: VerdictAct, Actions: []Action{ActionRepairKubelet}, Redecide: true, Pin: p,
+				Message: fmt.Sprintf("this control plane is at %s but was last verified at %s and the cluster version is unknown: repair the kubelet, then decide again", p, f.Verified)}
+		}
 		return Plan{Verdict: VerdictAct, Actions: []Action{ActionRestartKubelet, ActionVerify}, Pin: p,
 			Message: fmt.Sprintf("this node is at %s but was last verified at %s: the upgrade was interrupted before its kubelet restart and verification; finish them", p, f.Verified)}
 	}

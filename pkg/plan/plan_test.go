@@ -240,6 +240,9 @@ func TestUnverifiedUpgradeIsFinished(t *testing.T) {
 		{"a newer image with the old pin: the kubelet on disk is not the pin's", RoleControlPlane, "v1.36.3", "v1.37.2", "v1.36.3", "v1.36.3", "v1.35.4", VerdictNone, []Action{}},
 		{"interrupted apply (cluster behind): resumed, not just finished", RoleControlPlane, "v1.37.2", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", VerdictAct,
 			[]Action{ActionEtcdSnapshot, ActionUpgradeApply, ActionRestartKubelet, ActionVerify}},
+		{"control plane, cluster version unknown: decide again after the repair, never finish on doubt", RoleControlPlane, "v1.37.2", "v1.37.2", "v1.37.2", "", "v1.36.3", VerdictAct,
+			[]Action{ActionRepairKubelet}},
+		{"worker, cluster version unknown: its own record decides", RoleWorker, "v1.37.2", "v1.37.2", "v1.37.2", "", "v1.36.3", VerdictAct, finish},
 	} {
 		t.Run(r.name, func(t *testing.T) {
 			pl := Decide(window, Facts{Member: true, Role: r.role, Pin: r.pin, Bundled: v(r.bundled), Node: v(r.node), Cluster: v(r.cluster), Verified: v(r.verified)})
