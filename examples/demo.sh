@@ -44,6 +44,8 @@ if [ "$(id -u)" != 0 ]; then
   exit 0
 fi
 .ci/host-packages.sh
+# The one-time builds the demo needs, with progress lines ([n/m] what: built | cached).
+go run ./cmd/prebuild -minors 1.36,1.37
 echo "A first, uncached run builds Kubernetes 1.36.3 and 1.37.2, etcd and coredns from the Go"
 echo "module proxy and debootstraps a Debian node base: about 30-35 minutes on 2 cores."
 echo "Warm (cached in \${PROVIDER_KUBERNETES_CACHE:-~/.cache/provider-kubernetes}): about 5 minutes."

@@ -188,17 +188,9 @@ func Build(ctx context.Context, minor, outDir string, o Options) (Result, error)
 	if err != nil {
 		return Result{}, err
 	}
-	bins := map[string]string{}
-	for _, name := range []string{"kubeadm", "kubelet", "kubectl"} {
-		if bins[name], err = testbin.Kubernetes(ctx, entry.Kubernetes, name, o.logWriter()); err != nil {
-			return Result{}, err
-		}
-	}
-	for _, name := range []string{"etcdctl", "etcdutl"} {
-		mod := "go.etcd.io/etcd/" + name + "/v3"
-		if bins[name], err = testbin.GoBinary(ctx, mod, etcdRel, mod, name, "", o.logWriter()); err != nil {
-			return Result{}, err
-		}
+	bins, err := buildAll(ctx, entry, o.NoImages, o.logWriter())
+	if err != nil {
+		return Result{}, err
 	}
 	if bins["provider"], err = goBuildLocal(ctx, o.SourceDir, "./cmd/provider-kubernetes",
 		"-s -w -X "+ModulePath+"/internal/cli.Version="+o.ProviderVersion, filepath.Join(scratch, "provider-kubernetes")); err != nil {
@@ -244,7 +236,7 @@ func Build(ctx context.Context, minor, outDir string, o Options) (Result, error)
 	}
 	var lock imagelock.Lock
 	if !o.NoImages {
-		imgs, err := o.controlPlaneImages(ctx, entry, etcdRel, scratch)
+		imgs, err := o.controlPlaneImages(ctx, entry, bins, scratch)
 		if err != nil {
 			return Result{}, err
 		}
@@ -317,22 +309,13 @@ func (o Options) logWriter() io.Writer {
 func hostPath(tree, p string) string { return paths.Root(tree).Path(p) }
 
 // controlPlaneImages describes the seven images kubeadm init/upgrade needs.
-func (o Options) controlPlaneImages(ctx context.Context, e images.MinorEntry, etcdRel, scratch string) ([]oci.Image, error) {
+func (o Options) controlPlaneImages(ctx context.Context, e images.MinorEntry, bins map[string]string, scratch string) ([]oci.Image, error) {
 	refs := Refs(e)
 	bin := map[string]string{}
+	for _, n := range []string{APIServer, ControllerManager, Scheduler, Proxy, Etcd, CoreDNS} {
+		bin[n] = bins[n]
+	}
 	var err error
-	for _, n := range []string{APIServer, ControllerManager, Scheduler, Proxy} {
-		if bin[n], err = testbin.Kubernetes(ctx, e.Kubernetes, n, o.logWriter()); err != nil {
-			return nil, err
-		}
-	}
-	if bin[Etcd], err = testbin.GoBinary(ctx, "go.etcd.io/etcd/server/v3", etcdRel, "go.etcd.io/etcd/server/v3", "etcd", "", o.logWriter()); err != nil {
-		return nil, err
-	}
-	if bin[CoreDNS], err = testbin.GoBinary(ctx, "github.com/coredns/coredns", e.CoreDNS, "github.com/coredns/coredns", "coredns",
-		"-s -w -X github.com/coredns/coredns/coremain.GitCommit="+e.CoreDNS, o.logWriter()); err != nil {
-		return nil, err
-	}
 	if bin[Pause], err = goBuildLocal(ctx, o.SourceDir, "./images/pause", "-s -w -X main.version="+e.Pause, filepath.Join(scratch, "pause")); err != nil {
 		return nil, err
 	}
