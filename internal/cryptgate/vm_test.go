@@ -6,27 +6,20 @@ package cryptgate
 // bare ext4, dm-verity and tmpfs on loop devices and runs TestGuestGate,
 // which reports through isa-debug-exit.
 //
-// .ci/run installs qemu-system-x86, busybox-static, cryptsetup-bin, xfsprogs,
-// e2fsprogs and kmod, fetches the kernel (.ci/vm-kernel.sh) into the test
-// cache and sets PROVIDER_KUBERNETES_VM=required, which turns every skip
-// below into a failure.
+// The VM plumbing (and what turns a skip into a failure under CI) is
+// internal/testutil/vmtest.
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
-	"sort"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/kairos-io/provider-kubernetes/internal/testbin"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/vmtest"
 )
 
 // guestCases is what the guest checks: directory | want | crypt type or a reason substring.
@@ -42,18 +35,7 @@ var guestCases = []string{
 	"/etc/kubernetes/backup|unconfirmed|under /etc/kubernetes",
 }
 
-const guestInit = `#!/bin/sh
-export PATH=/sbin:/bin
-mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-mkdir -p /run /tmp /etc/kubernetes /var/lib/etcd
-report() {
-  echo "GUEST-EXIT $1"
-  printf "\\$(printf %03o "$1")" | dd of=/dev/port bs=1 seek=244 count=1 2>/dev/null
-  sleep 5; poweroff -f
-}
-fail() { echo "GUEST-SETUP-FAILED: $*"; report 100; }
-echo "GUEST: kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime)s"
-for m in $(cat /modules.load); do modprobe $m || echo "GUEST: modprobe $m failed"; done
+const guestInit = vmtest.Prelude + `mkdir -p /etc/kubernetes /var/lib/etcd
 head -c 32 /dev/urandom > /tmp/key
 newloop() { truncate -s $2 /tmp/$1.img || fail truncate; L=$(losetup -f) || fail losetup; losetup $L /tmp/$1.img || fail losetup $L; echo $L; }
 L=$(newloop luks2 48M)
@@ -116,62 +98,8 @@ func TestGuestGate(t *testing.T) {
 	}
 }
 
-// vmRequired: CI installed everything, so nothing may be missing.
-func vmRequired() bool { return os.Getenv("PROVIDER_KUBERNETES_VM") == "required" }
-
-func needVM(t *testing.T, format string, a ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, a...)
-	if vmRequired() {
-		t.Fatalf("PROVIDER_KUBERNETES_VM=required but %s", msg)
-	}
-	t.Skipf("dm-crypt VM test skipped: %s (.ci/run installs it)", msg)
-}
-
-// KernelDir finds a kernel unpacked by .ci/vm-kernel.sh: DIR/vmlinuz and DIR/lib/modules/KVER.
-func kernelDir(t *testing.T) (dir, kver string) {
-	base := filepath.Join(testbin.CacheDir(), "vm")
-	ents, _ := os.ReadDir(base)
-	var found []string
-	for _, e := range ents {
-		if _, err := os.Stat(filepath.Join(base, e.Name(), "vmlinuz")); err == nil {
-			if _, err := os.Stat(filepath.Join(base, e.Name(), "lib/modules", e.Name(), "modules.dep")); err == nil {
-				found = append(found, e.Name())
-			}
-		}
-	}
-	if len(found) == 0 {
-		needVM(t, "no Debian kernel unpacked under %s (run .ci/vm-kernel.sh)", base)
-	}
-	sort.Strings(found)
-	k := found[len(found)-1]
-	return filepath.Join(base, k), k
-}
-
 func TestGateOnRealKernel(t *testing.T) {
-	if testing.Short() {
-		t.Skip("boots a VM: not in -short mode")
-	}
-	if runtime.GOARCH != "amd64" {
-		needVM(t, "the guest kernel is amd64, this is %s", runtime.GOARCH)
-	}
-	qemu, err := exec.LookPath("qemu-system-x86_64")
-	if err != nil {
-		needVM(t, "qemu-system-x86_64 is not installed")
-	}
-	var tools = map[string]string{}
-	for _, name := range []string{"busybox", "cryptsetup", "veritysetup", "mke2fs", "mkfs.xfs"} {
-		for _, dir := range []string{"/bin", "/sbin", "/usr/bin", "/usr/sbin"} {
-			if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
-				tools[name] = filepath.Join(dir, name)
-				break
-			}
-		}
-		if tools[name] == "" {
-			needVM(t, "%s is not installed", name)
-		}
-	}
-	kdir, kver := kernelDir(t)
+	h := vmtest.Find(t, "busybox", "cryptsetup", "veritysetup", "mke2fs", "mkfs.xfs")
 	work := t.TempDir()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -184,71 +112,34 @@ func TestGateOnRealKernel(t *testing.T) {
 		t.Fatalf("go test -c: %v\n%s", err, out)
 	}
 
-	ird := newInitramfs()
-	for _, d := range []string{"/proc", "/sys", "/dev", "/run", "/tmp", "/mnt", "/etc", "/var"} {
-		ird.files[d] = entry{mode: 0o40755}
-	}
-	ird.file("/init", []byte(guestInit), 0o755)
-	ird.file("/cases", []byte(strings.Join(guestCases, "\n")+"\n"), 0o644)
-	ird.copy(t, "/gate.test", testBin)
-	ird.copyWithLibs(t, ctx, "/bin/busybox", tools["busybox"])
-	out, err := exec.CommandContext(ctx, tools["busybox"], "--list").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range strings.Fields(string(out)) {
-		if a != "busybox" {
-			ird.symlink("/bin/"+a, "busybox")
-		}
-	}
-	ird.symlink("/sbin/modprobe", "/bin/busybox")
+	ird := vmtest.NewInitramfs()
+	ird.File("/init", []byte(guestInit), 0o755)
+	ird.File("/cases", []byte(strings.Join(guestCases, "\n")+"\n"), 0o644)
+	ird.Copy(t, "/gate.test", testBin)
+	ird.Busybox(t, ctx, h.Tools["busybox"])
 	for _, name := range []string{"cryptsetup", "veritysetup", "mke2fs", "mkfs.xfs"} {
-		ird.copyWithLibs(t, ctx, "/sbin/"+name, tools[name])
+		ird.CopyWithLibs(t, ctx, "/sbin/"+name, h.Tools[name])
 	}
-	ird.symlink("/sbin/mkfs.ext4", "mke2fs")
+	ird.Symlink("/sbin/mkfs.ext4", "mke2fs")
 	if b, err := os.ReadFile("/etc/mke2fs.conf"); err == nil {
-		ird.file("/etc/mke2fs.conf", b, 0o644)
+		ird.File("/etc/mke2fs.conf", b, 0o644)
 	}
-	load := ird.modules(t, kdir, kver, []string{
+	ird.Modules(t, h, []string{
 		// crc32c first: libcrc32c (xfs) and ext4 ask the crypto API for it at load (a soft dependency).
 		"crc32c_generic", "crc32c-intel", "dm-crypt", "dm-verity", "loop", "ext4", "xfs", "aesni-intel", "xts", "sha256_generic"})
-	ird.file("/modules.load", []byte(strings.Join(load, "\n")+"\n"), 0o644)
-	initrd := filepath.Join(work, "initrd.cpio")
-	if err := os.WriteFile(initrd, ird.bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
 
-	var console bytes.Buffer
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, qemu, "-accel", "tcg", "-cpu", "max", "-m", "1024", "-smp", "1",
-		"-kernel", filepath.Join(kdir, "vmlinuz"), "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 loglevel=4",
-		"-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
-		"-device", "isa-debug-exit,iobase=0xf4,iosize=0x04")
-	cmd.Stdout, cmd.Stderr = &console, &console
-	cmd.WaitDelay = 5 * time.Second
-	err = cmd.Run()
-	took := time.Since(start)
-	code := -1
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else if err == nil {
-		code = 0
-	}
-	log := console.String()
-	t.Logf("QEMU (TCG, kernel %s) exited %d after %s", kver, code, took.Round(100*time.Millisecond))
+	res := vmtest.Boot{}.Run(t, ctx, h, ird, work)
+	log := res.Console
 	for _, l := range strings.Split(log, "\n") {
 		if strings.HasPrefix(l, "GUEST") || strings.Contains(l, "--- ") || strings.Contains(l, "gate_test.go") || strings.Contains(l, "vm_test.go") {
 			t.Log(strings.TrimRight(l, "\r"))
 		}
 	}
 	if ctx.Err() != nil {
-		t.Fatalf("the VM did not finish within its budget:\n%s", tail(log, 60))
+		t.Fatalf("the VM did not finish within its budget:\n%s", vmtest.Tail(log, 60))
 	}
-	// isa-debug-exit: QEMU exits with (value << 1) | 1.
-	if code != 1 {
-		t.Fatalf("guest reported %d (qemu exit %d), want 0:\n%s", (code-1)/2, code, tail(log, 80))
+	if g := res.Guest(); g != 0 {
+		t.Fatalf("guest reported %d (qemu exit %d), want 0:\n%s", g, res.QEMUExit, vmtest.Tail(log, 80))
 	}
 	for _, c := range guestCases {
 		dir, _, _ := strings.Cut(c, "|")
@@ -260,167 +151,5 @@ func TestGateOnRealKernel(t *testing.T) {
 		if !strings.Contains(log, want) {
 			t.Errorf("the guest never showed a %s dm uuid", want)
 		}
-	}
-}
-
-func tail(s string, n int) string {
-	l := strings.Split(s, "\n")
-	if len(l) > n {
-		l = l[len(l)-n:]
-	}
-	return strings.Join(l, "\n")
-}
-
-// initramfs is an in-memory newc cpio archive.
-type initramfs struct {
-	files map[string]entry
-}
-
-type entry struct {
-	mode uint32 // full st_mode
-	data []byte
-}
-
-func newInitramfs() *initramfs { return &initramfs{files: map[string]entry{}} }
-
-func (r *initramfs) dirs(p string) {
-	for d := filepath.Dir(p); d != "/" && d != "."; d = filepath.Dir(d) {
-		if _, ok := r.files[d]; !ok {
-			r.files[d] = entry{mode: 0o40755}
-		}
-	}
-}
-
-func (r *initramfs) file(p string, b []byte, perm uint32) {
-	r.dirs(p)
-	r.files[p] = entry{mode: 0o100000 | perm, data: b}
-}
-
-func (r *initramfs) symlink(p, target string) {
-	r.dirs(p)
-	r.files[p] = entry{mode: 0o120777, data: []byte(target)}
-}
-
-func (r *initramfs) copy(t *testing.T, dst, src string) {
-	t.Helper()
-	b, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := os.Stat(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.file(dst, b, uint32(st.Mode().Perm()))
-}
-
-// copyWithLibs copies a dynamic binary and the shared libraries ldd names.
-func (r *initramfs) copyWithLibs(t *testing.T, ctx context.Context, dst, src string) {
-	t.Helper()
-	r.copy(t, dst, src)
-	out, err := exec.CommandContext(ctx, "ldd", src).CombinedOutput()
-	if strings.Contains(string(out), "not a dynamic executable") {
-		return // static
-	}
-	if err != nil {
-		t.Fatalf("ldd %s: %v: %s", src, err, out)
-	}
-	for _, lib := range regexp.MustCompile(`(/[^ \t]+)`).FindAllString(string(out), -1) {
-		real, err := filepath.EvalSymlinks(lib)
-		if err != nil {
-			t.Fatalf("%s: %v", lib, err)
-		}
-		r.copy(t, lib, real)
-	}
-}
-
-// modules copies the named modules and their dependencies (modules.dep of
-// the unpacked kernel) and returns them in load order.
-func (r *initramfs) modules(t *testing.T, kdir, kver string, want []string) []string {
-	t.Helper()
-	mdir := filepath.Join(kdir, "lib/modules", kver)
-	dep, err := os.ReadFile(filepath.Join(mdir, "modules.dep"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	builtin, _ := os.ReadFile(filepath.Join(mdir, "modules.builtin"))
-	norm := func(s string) string {
-		return strings.ReplaceAll(strings.TrimSuffix(filepath.Base(s), ".ko"), "-", "_")
-	}
-	deps := map[string][]string{}
-	file := map[string]string{}
-	for _, l := range strings.Split(string(dep), "\n") {
-		k, v, ok := strings.Cut(l, ":")
-		if !ok {
-			continue
-		}
-		n := norm(k)
-		file[n] = k
-		deps[n] = strings.Fields(v)
-	}
-	isBuiltin := map[string]bool{}
-	for _, l := range strings.Fields(string(builtin)) {
-		isBuiltin[norm(l)] = true
-	}
-	var order []string
-	seen := map[string]bool{}
-	var lines []string
-	var visit func(n string)
-	visit = func(n string) {
-		if seen[n] {
-			return
-		}
-		seen[n] = true
-		f, ok := file[n]
-		if !ok {
-			if !isBuiltin[n] {
-				t.Fatalf("module %s is neither in modules.dep nor built in", n)
-			}
-			return
-		}
-		// modules.dep lists every dependency, deepest last.
-		for i := len(deps[n]) - 1; i >= 0; i-- {
-			visit(norm(deps[n][i]))
-		}
-		r.copy(t, "/lib/modules/"+kver+"/"+f, filepath.Join(mdir, f))
-		lines = append(lines, f+": "+strings.Join(deps[n], " "))
-		order = append(order, n)
-	}
-	for _, w := range want {
-		visit(strings.ReplaceAll(w, "-", "_"))
-	}
-	r.file("/lib/modules/"+kver+"/modules.dep", []byte(strings.Join(lines, "\n")+"\n"), 0o644)
-	return order
-}
-
-func (r *initramfs) bytes() []byte {
-	names := make([]string, 0, len(r.files))
-	for n := range r.files {
-		names = append(names, n)
-	}
-	sort.Strings(names) // parents sort before their children
-	var b bytes.Buffer
-	ino := uint32(1)
-	hdr := func(name string, mode uint32, data []byte) {
-		fmt.Fprintf(&b, "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X",
-			ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name)+1, 0)
-		ino++
-		b.WriteString(name)
-		b.WriteByte(0)
-		pad(&b)
-		b.Write(data)
-		pad(&b)
-	}
-	for _, n := range names {
-		e := r.files[n]
-		hdr(strings.TrimPrefix(n, "/"), e.mode, e.data)
-	}
-	hdr("TRAILER!!!", 0, nil)
-	return b.Bytes()
-}
-
-func pad(b *bytes.Buffer) {
-	for b.Len()%4 != 0 {
-		b.WriteByte(0)
 	}
 }
