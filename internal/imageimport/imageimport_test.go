@@ -249,8 +249,8 @@ func TestUntrustedLockOrDirectory(t *testing.T) {
 		"lock invalid": func(b *bundle) { os.WriteFile(filepath.Join(b.dir(), "lock.yaml"), []byte("images: []\n"), 0o644) },
 	} {
 		t.Run(name, func(t *testing.T) {
-			if os.Getuid() != 0 && strings.Contains(name, "root") {
-				t.Skip("needs root to chown")
+			if strings.Contains(name, "root") {
+				testutil.RequireRoot(t)
 			}
 			b := newBundle(t)
 			b.add("registry.k8s.io/pause:3.10.2", "pause_3.10.2.tar", "pause")

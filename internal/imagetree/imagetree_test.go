@@ -469,10 +469,7 @@ func unpack(t testing.TB, tarball, root string) error {
 
 func checkVerify(t *testing.T, dir string) {
 	if _, err := os.Stat(SystemdAnalyze); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI must run systemd-analyze: %v", err)
-		}
-		t.Skipf("Debian's systemd is not installed: %v", err)
+		testutil.SkipUnlessCI(t, fmt.Sprintf("Debian's systemd-analyze is not installed: %v", err))
 	}
 	ctx := context.Background()
 	if err := VerifyUnits(ctx, dir, ""); err != nil {

@@ -301,9 +301,7 @@ func TestResetOnRealMountsInAPrivateMountNamespace(t *testing.T) {
 		nsChild(t, dir)
 		return
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a mount namespace and mounts (CI runs as root)")
-	}
+	testutil.RequireRoot(t)
 	for _, scenario := range []string{"clean", "busy"} {
 		t.Run(scenario, func(t *testing.T) {
 			base := t.TempDir()
