@@ -5,8 +5,8 @@
 //
 // .ci/run installs qemu-system-x86, busybox-static, cryptsetup-bin, xfsprogs,
 // e2fsprogs and kmod, unpacks the kernel (.ci/vm-kernel.sh) into the test
-// cache and sets PROVIDER_KUBERNETES_VM=required, which turns every skip
-// below into a failure.
+// cache and sets PROVIDER_KUBERNETES_VM=required (and CI=true), either of
+// which turns every skip below into a failure.
 package vmtest
 
 import (
@@ -25,19 +25,21 @@ import (
 	"time"
 
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
 
 // Required says CI installed everything, so nothing may be missing.
 func Required() bool { return os.Getenv("PROVIDER_KUBERNETES_VM") == "required" }
 
-// Need fails the test when the VM is required, else skips it saying what is missing.
+// Need fails the test when the VM is required or in CI (testutil.InCI),
+// else skips it saying what is missing.
 func Need(t testing.TB, format string, a ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, a...)
 	if Required() {
 		t.Fatalf("PROVIDER_KUBERNETES_VM=required but %s", msg)
 	}
-	t.Skipf("dm-crypt VM test skipped: %s (.ci/run installs it)", msg)
+	testutil.SkipUnlessCI(t, "dm-crypt VM test: "+msg+" (.ci/run installs it)")
 }
 
 // Host is what booting needs from this machine.
