@@ -22,3 +22,59 @@ func TestCommands(t *testing.T) {
 		t.Fatalf("got %q, want %q", got, want)
 	}
 }
+
+func TestE2EBlocksAndPage(t *testing.T) {
+	page := "# p\n\n```sh\nsudo provider-kubernetes status\nsudo provider-kubernetes status -o json\n```\n\nIt prints:\n\n  ```text\n  Phase: x\n    indented\n  ```\n\n<!-- e2e -->\n\n```sh\n$ kubectl get nodes\nsudo reboot\n```\n\n```yaml\nsudo: no\n```\n\n```text\nnot an output: a yaml block came between\n```\n\n<!-- e2e -->\ntext between: the marker is not the line before the fence\n```sh\nsudo grep x \\\n  /var/log/a.log\nsudo provider-kubernetes status\n```\n"
+	dir := t.TempDir()
+	path := filepath.Join(dir, "p.md")
+	if err := os.WriteFile(path, []byte(page), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	blocks, err := BlocksIn(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(blocks) != 3 || blocks[0].E2E || !blocks[1].E2E || blocks[2].E2E || blocks[1].Line != 17 {
+		t.Fatalf("blocks %+v", blocks)
+	}
+	if blocks[0].Output != "Phase: x\n  indented\n" || blocks[1].Output != "" || blocks[2].Output != "" {
+		t.Fatalf("outputs %q %q %q", blocks[0].Output, blocks[1].Output, blocks[2].Output)
+	}
+	p, err := OpenAt(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"kubectl get nodes", "reboot"}; !reflect.DeepEqual(p.E2E(), want) {
+		t.Fatalf("e2e %q, want %q", p.E2E(), want)
+	}
+	// Exactly the prefix wins over longer commands that start with it; a
+	// command shown twice counts once.
+	if c, err := p.Command("provider-kubernetes status"); err != nil || c != "provider-kubernetes status" || p.Output(c) != blocks[0].Output {
+		t.Fatalf("%q %v", c, err)
+	}
+	if _, err := p.Command("provider-kubernetes"); err == nil {
+		t.Fatal("an ambiguous prefix was accepted")
+	}
+	if _, err := p.Command("kubectl"); err == nil {
+		t.Fatal("an end-to-end command was selected")
+	}
+	if want := []string{"provider-kubernetes status -o json", "grep x /var/log/a.log"}; !reflect.DeepEqual(p.Unrun(), want) {
+		t.Fatalf("unrun %q, want %q", p.Unrun(), want)
+	}
+	if _, err := p.Command("grep x"); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Unrun()) != 1 {
+		t.Fatalf("unrun %q", p.Unrun())
+	}
+}
+
+func TestUnclosedBlock(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.md")
+	if err := os.WriteFile(path, []byte("```sh\nsudo a\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := BlocksIn(path); err == nil {
+		t.Fatal("an unclosed block was accepted")
+	}
+}
