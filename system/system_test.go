@@ -127,7 +127,8 @@ func TestUnitsShape(t *testing.T) {
 			"ConditionPathExists=|" + paths.ClusterFile + "\n", "ConditionPathExists=|" + paths.ClusterYipFile + "\n"},
 		ImageImport: {"After=containerd.service", "Before=kubelet.service", "ExecStart=/usr/bin/provider-kubernetes import-images"},
 		// After every pass, never inside it: wanted by the reconcile unit.
-		Publish: {"After=provider-kubernetes-reconcile.service\n", "Type=oneshot", "ExecStart=/usr/bin/provider-kubernetes publish --budget 5m"},
+		Publish: {"After=provider-kubernetes-reconcile.service\n", "Type=oneshot", "ExecStart=/usr/bin/provider-kubernetes publish --budget 5m",
+			"ConditionPathExists=" + paths.StatusFile + "\n"},
 		UnitMigrate: {"Before=containerd.service provider-kubernetes-image-import.service kubelet.service",
 			"ExecStart=/usr/bin/provider-kubernetes migrate-units", "DefaultDependencies=no"},
 		KubeadmDropIn: {"EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env", "EnvironmentFile=-/etc/default/kubelet",
