@@ -88,7 +88,7 @@ func reconcileLogOrEmpty(n *harness.Node) string {
 // stage), then with a section the plugin refuses (one pass that refuses,
 // quoting the plugin). It leaves the node stopped, the boot stage unmasked
 // and the section in /oem.
-func noSectionAndFailedBootStage(t *testing.T, n *harness.Node, section []byte) {
+func noSectionAndFailedBootStage(t testing.TB, n *harness.Node, section []byte) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

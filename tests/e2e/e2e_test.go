@@ -35,7 +35,7 @@ const (
 
 // progress prints what a person following the run wants to see, as it
 // happens (t.Log only shows at the end).
-func progress(t *testing.T, format string, a ...any) {
+func progress(t testing.TB, format string, a ...any) {
 	t.Helper()
 	fmt.Fprintf(os.Stderr, "e2e %s | %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, a...))
 }
@@ -49,7 +49,7 @@ var (
 // osTrees builds (from the cache, seconds when warm) the OS image trees of
 // the given minors (default 1.36 and 1.37): the A/B images the nodes boot.
 // The provider in them is built from this checkout.
-func osTrees(t *testing.T, minors ...string) map[string]string {
+func osTrees(t testing.TB, minors ...string) map[string]string {
 	if len(minors) == 0 {
 		minors = []string{"1.36", "1.37"}
 	}
@@ -98,7 +98,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-type progressWriter struct{ t *testing.T }
+type progressWriter struct{ t testing.TB }
 
 func (p progressWriter) Write(b []byte) (int, error) {
 	for _, l := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
@@ -107,7 +107,7 @@ func (p progressWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-func base(t *testing.T) harness.Base {
+func base(t testing.TB) harness.Base {
 	progress(t, "preparing the Debian node base (cold: debootstrap, ~2 min)")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -172,7 +172,7 @@ kubeProxyConfiguration:
 	return b
 }
 
-func newToken(t *testing.T) string {
+func newToken(t testing.TB) string {
 	b := make([]byte, 24)
 	if _, err := rand.Read(b); err != nil {
 		t.Fatal(err)
@@ -192,7 +192,7 @@ func cloudConfig(section []byte) []byte {
 
 // accepted checks that the plugin would accept cc: Kairos's schema, the
 // section's validation and its providerConfig.
-func accepted(t *testing.T, cc []byte) {
+func accepted(t testing.TB, cc []byte) {
 	t.Helper()
 	c, _, err := clusterconfig.ParseCloudConfig(cc)
 	if err == nil && c == nil {
@@ -211,7 +211,7 @@ func accepted(t *testing.T, cc []byte) {
 
 // writeCloudConfig writes the node's /oem cloud-config with this cluster
 // section, as an operator installs a node.
-func writeCloudConfig(t *testing.T, n *harness.Node, section []byte) {
+func writeCloudConfig(t testing.TB, n *harness.Node, section []byte) {
 	t.Helper()
 	cc := cloudConfig(section)
 	accepted(t, cc)
@@ -225,7 +225,7 @@ var pinLine = regexp.MustCompile(`(kubernetesVersion: )v[0-9]+\.[0-9]+\.[0-9]+`)
 // bumpPin is the operator's half of an upgrade (upgrades.md: "Bump the pin
 // in the node's cloud-config, which on an installed node is under /oem"):
 // an edit of the one kubernetesVersion line of /oem/90_custom.yaml.
-func bumpPin(t *testing.T, n *harness.Node, pin string) {
+func bumpPin(t testing.TB, n *harness.Node, pin string) {
 	t.Helper()
 	err := n.EditCloudConfig(func(b []byte) ([]byte, error) {
 		if k := len(pinLine.FindAll(b, -1)); k != 1 {
@@ -242,7 +242,7 @@ func bumpPin(t *testing.T, n *harness.Node, pin string) {
 
 // setBudget adds (or, with value "", removes) one budget key of the
 // section's providerConfig (a flat map of strings in Kairos's schema).
-func setBudget(t *testing.T, n *harness.Node, name, value string) {
+func setBudget(t testing.TB, n *harness.Node, name, value string) {
 	t.Helper()
 	block := "  providerConfig:\n    budget." + name + ": "
 	err := n.EditCloudConfig(func(b []byte) ([]byte, error) {
@@ -268,7 +268,7 @@ func setBudget(t *testing.T, n *harness.Node, name, value string) {
 // config is 0600 root, Kairos's boot stage wrote the cluster file from the
 // /oem cloud-config and finished before the pass started, and the boot ran
 // exactly one pass.
-func bootNode(t *testing.T, n *harness.Node, what string) int {
+func bootNode(t testing.TB, n *harness.Node, what string) int {
 	t.Helper()
 	progress(t, "%s: booting (%s)", n.Name, what)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -301,7 +301,7 @@ func passCount(n *harness.Node) int {
 
 // kairosChain checks, in the running node, what Kairos's own agent did
 // this boot before the provider's pass (st, the reconcile unit's state).
-func kairosChain(t *testing.T, n *harness.Node, st harness.UnitState) {
+func kairosChain(t testing.TB, n *harness.Node, st harness.UnitState) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -344,7 +344,7 @@ func kairosChain(t *testing.T, n *harness.Node, st harness.UnitState) {
 }
 
 // unitStarts counts this boot's starts of the reconcile unit in its journal.
-func unitStarts(t *testing.T, n *harness.Node) int {
+func unitStarts(t testing.TB, n *harness.Node) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -363,7 +363,7 @@ func unitStarts(t *testing.T, n *harness.Node) int {
 
 // reconcileUnit waits for this boot's reconcile unit to finish (or be
 // skipped by its conditions) and returns its state.
-func reconcileUnit(t *testing.T, n *harness.Node) harness.UnitState {
+func reconcileUnit(t testing.TB, n *harness.Node) harness.UnitState {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), reconcileBudget+time.Minute)
 	defer cancel()
@@ -374,7 +374,7 @@ func reconcileUnit(t *testing.T, n *harness.Node) harness.UnitState {
 	return st
 }
 
-func nodeStatus(t *testing.T, n *harness.Node) status.Document {
+func nodeStatus(t testing.TB, n *harness.Node) status.Document {
 	t.Helper()
 	b, err := n.ReadFile(paths.StatusMirror)
 	if err != nil {
@@ -387,7 +387,7 @@ func nodeStatus(t *testing.T, n *harness.Node) status.Document {
 	return d
 }
 
-func reconcileLog(t *testing.T, n *harness.Node) string {
+func reconcileLog(t testing.TB, n *harness.Node) string {
 	t.Helper()
 	b, err := n.ReadFile(paths.ReconcileLog)
 	if err != nil {
@@ -418,7 +418,7 @@ func lastPass(log string) string {
 	return log[strings.LastIndex(log[:i], "\n")+1:]
 }
 
-func kubectl(t *testing.T, n *harness.Node, args ...string) []byte {
+func kubectl(t testing.TB, n *harness.Node, args ...string) []byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -430,7 +430,7 @@ func kubectl(t *testing.T, n *harness.Node, args ...string) []byte {
 }
 
 // waitNodes polls until the named nodes (all when none) are Ready at version v.
-func waitNodes(t *testing.T, via *harness.Node, v string, names ...string) {
+func waitNodes(t testing.TB, via *harness.Node, v string, names ...string) {
 	t.Helper()
 	deadline := time.Now().Add(apiBudget)
 	var last string
@@ -491,7 +491,7 @@ func nodesAt(js []byte, v string, names []string) (bool, string) {
 	return true, ""
 }
 
-func serverVersion(t *testing.T, n *harness.Node) string {
+func serverVersion(t testing.TB, n *harness.Node) string {
 	var v struct {
 		ServerVersion struct{ GitVersion string } `json:"serverVersion"`
 	}
@@ -501,7 +501,7 @@ func serverVersion(t *testing.T, n *harness.Node) string {
 	return v.ServerVersion.GitVersion
 }
 
-func manifests(t *testing.T, n *harness.Node) map[string][]byte {
+func manifests(t testing.TB, n *harness.Node) map[string][]byte {
 	t.Helper()
 	out := map[string][]byte{}
 	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd"} {
@@ -633,7 +633,7 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 
 // refused asserts a refusal boot: exit 3, UpgradeRefused with the code, a
 // refuse-upgrade line, no mutating action in that pass, manifests unchanged.
-func refused(t *testing.T, n *harness.Node, code int, want string, before map[string][]byte) {
+func refused(t testing.TB, n *harness.Node, code int, want string, before map[string][]byte) {
 	t.Helper()
 	if code != 3 {
 		t.Fatalf("exit %d, want 3 (refused)\n%s", code, lastPass(reconcileLog(t, n)))
