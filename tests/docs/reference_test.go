@@ -1,0 +1,265 @@
+package docs_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	pluggable "github.com/mudler/go-pluggable"
+
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/publish"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+)
+
+// tableRows returns the rows of the markdown tables in text whose first
+// cell is one backticked name: name to its cells.
+func tableRows(text string) map[string][]string {
+	out := map[string][]string{}
+	re := regexp.MustCompile("^\\| `([^`]+)` \\|")
+	for _, l := range strings.Split(text, "\n") {
+		m := re.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		cells := strings.Split(strings.Trim(strings.TrimSpace(l), "|"), "|")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		out[m[1]] = cells
+	}
+	return out
+}
+
+// docs/reference.md on a worker whose real kubeadm upgrade node failed,
+// after the plugin accepted one section and refused the next: the status
+// document as JSON has exactly the documented fields, and the files carry
+// the documented modes.
+func TestReferencePage(t *testing.T) {
+	inSandbox(t, func(t *testing.T, s *sandbox) {
+		p := open(t, "reference.md")
+		page := read(t, "reference.md")
+		n := kubeadmFails(t, s)
+		if err := os.Remove(n.Path(paths.ClusterYipFile)); err != nil {
+			t.Fatal(err)
+		}
+		agentBoot := func(cluster string) pluggable.EventResponse {
+			ev, err := pluggable.NewEvent("agent.boot", map[string]string{"config": "#cloud-config\ncluster:\n  cluster_token: " + testutil.Token +
+				"\n  control_plane_host: 10.0.0.11\n" + cluster + "  config: |\n    clusterConfiguration:\n      kubernetesVersion: v1.37.2\n"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			in, _ := json.Marshal(ev)
+			out, code := n.execIn(in, paths.ProviderBin, "agent.boot")
+			var resp pluggable.EventResponse
+			if err := json.Unmarshal([]byte(out), &resp); err != nil || code != 0 {
+				t.Fatalf("the plugin: exit %d %v\n%s", code, err, out)
+			}
+			return resp
+		}
+		if r := agentBoot("  role: worker\n"); r.Error != "" {
+			t.Fatalf("the plugin refused a good section: %s", r.Error)
+		}
+		if out, code := n.provider("reconcile"); code != 1 {
+			t.Fatalf("reconcile: exit %d\n%s", code, out)
+		}
+		if r := agentBoot("  role: master\n"); r.Error == "" {
+			t.Fatal("the plugin accepted role master")
+		}
+
+		// The status document's fields, from the real command.
+		out := n.docOK(p, "provider-kubernetes status -o json")
+		var doc map[string]any
+		if err := json.Unmarshal([]byte(out), &doc); err != nil {
+			t.Fatal(err)
+		}
+		fields := tableRows(section(t, page, "## The status document"))
+		for k := range doc {
+			if _, ok := fields[k]; !ok {
+				t.Errorf("status -o json prints %q: not in docs/reference.md", k)
+			}
+		}
+		for _, k := range []string{"phase", "reason", "message", "role", "member", "pin", "bundled", "nodeVersion", "clusterVersion", "actions", "lastAction", "time", "bootID", "events"} {
+			if _, ok := doc[k]; !ok {
+				t.Errorf("status -o json of a failed upgrade has no %q", k)
+			}
+		}
+
+		// The modes, as stat reports them, against the Files table.
+		files := tableRows(section(t, page, "## Files"))
+		out = n.docOK(p, "stat -c ")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 7 {
+			t.Fatalf("stat printed %d files, want the 7 it names:\n%s", len(lines), out)
+		}
+		for _, l := range lines {
+			f := strings.Fields(l)
+			if len(f) != 3 {
+				t.Fatalf("stat line %q", l)
+			}
+			row, ok := files[f[2]]
+			if !ok {
+				t.Fatalf("%s is not in docs/reference.md's Files table", f[2])
+			}
+			if row[1] != "0"+f[0] || f[1] != "root:root" {
+				t.Errorf("%s is %s %s; docs/reference.md says %s root:root", f[2], f[0], f[1], row[1])
+			}
+		}
+	})
+}
+
+// The status document's JSON fields, its phases and the Node annotations
+// are the reference's, both ways.
+func TestReferenceStatusFields(t *testing.T) {
+	page := read(t, "reference.md")
+	sec := section(t, page, "## The status document")
+	rows := tableRows(sec)
+	var tags []string
+	ty := reflect.TypeOf(status.Document{})
+	for i := 0; i < ty.NumField(); i++ {
+		tag := strings.Split(ty.Field(i).Tag.Get("json"), ",")[0]
+		tags = append(tags, tag)
+		if _, ok := rows[tag]; !ok {
+			t.Errorf("status field %q is not in docs/reference.md", tag)
+		}
+	}
+	for k := range rows {
+		if !contains(tags, k) {
+			t.Errorf("docs/reference.md documents a status field %q the document does not have", k)
+		}
+	}
+	for _, name := range []string{"count", "bytes", "dir"} {
+		if !strings.Contains(rows["kubeadmEtcdBackups"][2], "`"+name+"`") {
+			t.Errorf("kubeadmEtcdBackups.%s is not documented", name)
+		}
+	}
+	phases := values(consts(t, "internal/status", func(n string) bool { return strings.HasPrefix(n, "Phase") }))
+	phases = append(phases, values(consts(t, "internal/restore", func(n string) bool { return strings.HasPrefix(n, "Phase") }))...)
+	for _, ph := range phases {
+		if !strings.Contains(rows["phase"][2], "`"+ph+"`") {
+			t.Errorf("phase %s is not in docs/reference.md", ph)
+		}
+	}
+	for _, ev := range values(consts(t, "internal/status", func(n string) bool { return strings.HasPrefix(n, "Event") })) {
+		if !strings.Contains(rows["events"][2], "`"+ev+"`") {
+			t.Errorf("Event reason %s is not in docs/reference.md", ev)
+		}
+	}
+	annotations := oneLine(sec[strings.Index(sec, "annotations on the Node"):])
+	for k := range publish.Annotations(status.Document{}) {
+		k = strings.TrimPrefix(k, publish.Prefix)
+		if !strings.Contains(annotations, "`"+k+"`") {
+			t.Errorf("the Node annotation %s%s is not in docs/reference.md", publish.Prefix, k)
+		}
+	}
+	if !strings.Contains(annotations, "`"+publish.Prefix+"`") {
+		t.Error("the annotations' prefix is not in docs/reference.md")
+	}
+}
+
+// Every budget key is a row with its default; the bounds the text states
+// are the code's.
+func TestReferenceBudgets(t *testing.T) {
+	page := read(t, "reference.md")
+	sec := section(t, page, "## providerConfig")
+	rows := tableRows(sec)
+	def := reconcile.DefaultBudgets()
+	b, _ := json.Marshal(def)
+	var byName map[string]time.Duration
+	if err := json.Unmarshal(b, &byName); err != nil {
+		t.Fatal(err)
+	}
+	keys := reconcile.BudgetKeys()
+	if len(keys) != len(byName) {
+		t.Fatalf("%d keys, %d budgets", len(keys), len(byName))
+	}
+	for _, k := range keys {
+		row, ok := rows[k]
+		if !ok {
+			t.Errorf("%s is not in docs/reference.md", k)
+			continue
+		}
+		d, err := time.ParseDuration(row[1])
+		if want := byName[strings.TrimPrefix(k, reconcile.BudgetKeyPrefix)]; err != nil || d != want {
+			t.Errorf("%s: docs/reference.md says %q, the default is %s", k, row[1], want)
+		}
+	}
+	for k := range rows {
+		if !contains(keys, k) {
+			t.Errorf("docs/reference.md documents %s, not a budget key", k)
+		}
+	}
+	text := oneLine(sec)
+	for _, want := range []string{"never raised above " + short(reconcile.MaxEtcdSnapshot), "the " + strings.TrimSuffix(short(reconcile.PassBound), "m") + "-minute pass bound"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("docs/reference.md does not say %q", want)
+		}
+	}
+}
+
+// short is a whole number of minutes as the page writes it: 2m, 50m.
+func short(d time.Duration) string {
+	return fmt.Sprintf("%dm", d/time.Minute)
+}
+
+// Every unit the image ships is a row with its ExecStart and its timeout.
+func TestReferenceUnits(t *testing.T) {
+	rows := tableRows(section(t, read(t, "reference.md"), "## Units"))
+	dir := filepath.Join(repo(), "system", "units")
+	var units []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".service") {
+			return err
+		}
+		units = append(units, filepath.Base(p))
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		row, ok := rows[filepath.Base(p)]
+		if !ok {
+			t.Errorf("unit %s is not in docs/reference.md", filepath.Base(p))
+			return nil
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "ExecStart="); ok && !strings.Contains(row[1], "`"+v+"`") {
+				t.Errorf("%s runs %q; docs/reference.md says %s", filepath.Base(p), v, row[1])
+			}
+			if v, ok := strings.CutPrefix(l, "TimeoutStartSec="); ok && !strings.Contains(row[2], v) {
+				t.Errorf("%s has TimeoutStartSec=%s; docs/reference.md says %s", filepath.Base(p), v, row[2])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(units)
+	if len(units) < 5 {
+		t.Fatalf("units %v", units)
+	}
+	for k := range rows {
+		if !contains(units, k) {
+			t.Errorf("docs/reference.md documents a unit %s the image does not ship", k)
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
