@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
@@ -50,6 +51,7 @@ func TestUpgradePage(t *testing.T) {
 			}
 		}
 		done.docOK(p, "provider-kubernetes status", "Phase:           Converged\n", "Node version:    v1.37.2\n", "Pin:             v1.37.2\n")
+		statusShape(t, example(t, p, "provider-kubernetes status"))
 		out = done.docOK(p, "grep -E 'msg=(plan|reconcile-done) '", "msg=plan verdict=none", "msg=reconcile-done outcome=converged node=v1.37.2")
 		if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || !strings.Contains(lines[0], "msg=plan ") || !strings.Contains(lines[1], "msg=reconcile-done ") {
 			t.Fatalf("the last pass's plan and outcome: %q", lines)
@@ -94,4 +96,31 @@ func TestUpgradePage(t *testing.T) {
 		}
 		w2.docOK(p, "tail -n 30 /var/log/provider-kubernetes-kubeadm.log", "/usr/bin/kubeadm upgrade node (boot ", "[upgrade] Reading configuration from the \"kubeadm-config\" ConfigMap")
 	})
+}
+
+// statusShape checks a page's example of `provider-kubernetes status`
+// against the real printer: its lines are the printer's labels, in the
+// printer's order and layout.
+func statusShape(t *testing.T, example string) {
+	t.Helper()
+	full := status.Document{Phase: "P", Reason: "R", Refusal: "C", Message: "M", Warnings: []string{"W"}, Role: "r", Member: true, Pin: "p",
+		Bundled: "b", NodeVersion: "n", ClusterVersion: "c", Actions: []string{"a"}, LastAction: "l", EtcdSnapshot: "e",
+		KubeadmEtcdBackups: &status.Backups{Count: 1, Bytes: 1, Dir: "d"}, Time: "t", BootID: "i"}
+	var b strings.Builder
+	if err := status.Print(&b, full, "text"); err != nil {
+		t.Fatal(err)
+	}
+	var labels []string
+	for _, l := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+		labels = append(labels, l[:17])
+	}
+	i := 0
+	for _, l := range strings.Split(strings.TrimSpace(example), "\n") {
+		for i < len(labels) && !strings.HasPrefix(l, labels[i]) {
+			i++
+		}
+		if i == len(labels) {
+			t.Fatalf("the page's status example line %q is not what status prints, or not in its order (%q)", l, labels)
+		}
+	}
 }
