@@ -83,6 +83,12 @@ Usage:
       aside, never deleted. Prints the command for the next member (same
       snapshot, members and token). Without --yes it shows what it would do.
       Exit 3 when refused (nothing changed).
+  provider-kubernetes collect-manifests --to DIR [--root DIR]
+      For a rollback: copy into DIR (new or empty, 0700) the static pod
+      manifests this control plane ran at the booted image's version, the
+      newest copy of each that kubeadm saved in
+      /etc/kubernetes/tmp/kubeadm-backup-manifests-*: the --manifests of
+      restore-etcd. Exit 3 when one is missing (nothing copied).
   provider-kubernetes prune-kubeadm-backups [--keep N] [--root DIR]
       Remove all but the newest N (default 1) of kubeadm's plaintext etcd
       copies in /etc/kubernetes/tmp, only when this node is verified at the
@@ -169,6 +175,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdEtcdSnapshot(ctx, args[1:], stdout, stderr)
 	case "restore-etcd":
 		return cmdRestoreEtcd(ctx, args[1:], stdout, stderr)
+	case "collect-manifests":
+		return cmdCollectManifests(args[1:], stdout, stderr)
 	case "prune-kubeadm-backups":
 		return cmdPruneKubeadmBackups(ctx, args[1:], stdout, stderr)
 	case "migrate-units":

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -61,4 +62,37 @@ func cmdRestoreEtcd(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 	}
 	return res.ExitCode
+}
+
+func cmdCollectManifests(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("collect-manifests", stderr)
+	root := fs.String("root", "/", "host root every path is read and written under")
+	to := fs.String("to", "", "the directory to copy them into (created 0700; must be new or empty)")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if *to == "" {
+		fmt.Fprintln(stderr, "collect-manifests: --to DIR is required")
+		return reconcile.ExitUsage
+	}
+	r := paths.Root(*root)
+	want, err := restore.WantFromBundle(r)
+	if err != nil {
+		fmt.Fprintf(stderr, "collect-manifests: the booted image's versions: %s\n", status.Printable(err.Error()))
+		return reconcile.ExitFailed
+	}
+	c, err := restore.CollectManifests(r, want, *to)
+	if err != nil {
+		fmt.Fprintf(stderr, "collect-manifests: refused, nothing copied: %s\n", status.Printable(err.Error()))
+		if errors.Is(err, restore.ErrNoSavedManifest) || errors.Is(err, restore.ErrCollectTarget) {
+			return reconcile.ExitRefused
+		}
+		return reconcile.ExitFailed
+	}
+	fmt.Fprintf(stdout, "collected the Kubernetes %s manifests (etcd %s) into %s:\n", want.Kubernetes, status.Printable(want.EtcdTag), status.Printable(c.To))
+	for _, comp := range restore.Components {
+		s := c.From[comp]
+		fmt.Fprintf(stdout, "  %-28s from %s\n", s.File, status.Printable(s.Dir))
+	}
+	return reconcile.ExitOK
 }
