@@ -93,7 +93,13 @@ func reboot(e *env) *env {
 	return e2
 }
 
-func TestCrashInjectionMatrix(t *testing.T) {
+// TestSimulatedCrashMatrix is the fast, in-memory crash matrix: a "kill" here
+// cancels the context of the recording runner at a command (nothing is
+// killed, and the pass still writes its Failed status and lines, which a
+// power cut would not); "reboot" builds a new pass over the same sandbox
+// files. The real kills (SIGKILL of a whole node, /run lost) are the
+// end-to-end suite's (tests/e2e/kill_test.go, TestHAUpgrade).
+func TestSimulatedCrashMatrix(t *testing.T) {
 	manifests := func(apiserver, others string) func(e *env) {
 		return func(e *env) {
 			e.node.Write(paths.APIServerManifest, testutil.StaticPodManifest("kube-apiserver", apiserver), 0o600)
@@ -224,5 +230,5 @@ func TestCrashInjectionMatrix(t *testing.T) {
 		}
 		table = append(table, "first control plane / killed mid-apply, image rolled back | next boot: refuse-upgrade PinNewerThanImage, no command")
 	})
-	t.Log("crash-injection matrix (flow | kill point | what ran | next boot | snapshots):\n" + strings.Join(table, "\n"))
+	t.Log("simulated crash matrix, in memory (flow | kill point | what ran | next boot | snapshots):\n" + strings.Join(table, "\n"))
 }
