@@ -86,6 +86,8 @@ func TestValidateBad(t *testing.T) {
 		{"missing token", "role: init\ncontrol_plane_host: 10.0.0.11\n" + goodConfig, "cluster_token is missing"},
 		{"short token", strings.Replace(section("init", "10.0.0.11", goodConfig), secretToken, "abc123", 1), "cluster_token is too short (6 characters"},
 		{"repetitive token", strings.Replace(section("init", "10.0.0.11", goodConfig), secretToken, strings.Repeat("ab", 20), 1), "cluster_token is too repetitive"},
+		// Long and varied enough to pass the other checks: refused by name as the example's placeholder.
+		{"placeholder token", strings.Replace(section("init", "10.0.0.11", goodConfig), secretToken, "<your-random-cluster-token-here>", 1), "cluster_token is still a placeholder"},
 		{"config as a map", section("init", "10.0.0.11", "config:\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n"), "config must be a YAML string holding the kubeadm documents by key (write config: | and indent them), got a map"},
 		{"missing host", section("worker", "", goodConfig), "control_plane_host is missing"},
 		{"endpoint without a host", section("worker", ":6443", goodConfig), "control_plane_host: no host"},
