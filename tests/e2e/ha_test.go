@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 	"github.com/kairos-io/provider-kubernetes/tests/e2e/harness"
 )
@@ -25,7 +26,7 @@ type haNode struct {
 // withCA adds the cluster CA (read from the first control plane after its
 // init) to a joining node's section: the CA pin an operator gets from
 // provider-kubernetes join-config.
-func withCA(t *testing.T, section []byte, ca string) []byte {
+func withCA(t testing.TB, section []byte, ca string) []byte {
 	var m map[string]any
 	if err := yaml.Unmarshal(section, &m); err != nil {
 		t.Fatal(err)
@@ -286,39 +287,26 @@ func TestHAUpgrade(t *testing.T) {
 		published(t, hn, cp1)
 	}
 
-	// Scenario 3 and the first control plane: swap cp1, kill it hard in the
-	// middle of upgrade apply, boot it again: the pass converges.
+	// Scenario 3 and the first control plane, cut three times by real kills
+	// (issue 17), each when an observed state says kubeadm got that far:
+	// after apply replaced the etcd manifest, after it replaced the
+	// apiserver manifest, and after apply returned but before the kubelet
+	// restart. Each next boot picks up from what is on disk; the last one
+	// finishes with the kubelet restart and verify.
 	stop(cp1)
 	if err := cp1.n.SetTree(tr["1.37"]); err != nil {
 		t.Fatal(err)
 	}
 	bumpPin(t, cp1.n, "v1.37.2")
-	progress(t, "cp1: booting (1.37 image: upgrade apply, to be killed mid-apply)")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	if err := cp1.n.Start(ctx); err != nil {
-		t.Fatal(err)
+	var cut []string
+	for _, kp := range []killPoint{killEtcdManifestReplaced, killAPIServerManifestReplaced, killApplyReturned} {
+		cut = append(cut, kp.name+": "+killAt(t, cp1.n, kp))
 	}
-	// Wait until kubeadm upgrade apply has run for a while (past the
-	// snapshot line, etcd being replaced), then stop the container hard.
-	for {
-		b, _ := cp1.n.ReadFile("/var/log/provider-kubernetes-reconcile.log")
-		if strings.Contains(lastPass(string(b)), "etcd-snapshot outcome=") {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("cp1 never reached upgrade apply:\n%s", lastPass(string(b)))
-		}
-		time.Sleep(time.Second)
+	if code := boot(cp1, "after three cuts"); code != 0 {
+		t.Fatalf("cp1 after the kills: exit %d\n%s\nkubeadm:\n%s", code, reconcileLog(t, cp1.n), kubeadmLog(cp1.n))
 	}
-	time.Sleep(40 * time.Second)
-	if err := cp1.n.Kill(ctx); err != nil {
-		t.Fatal(err)
-	}
-	cancel()
-	progress(t, "cp1: killed in the middle of upgrade apply")
-	if code := boot(cp1, "after the kill"); code != 0 {
-		t.Fatalf("cp1 after the kill: exit %d\n%s\nkubeadm:\n%s", code, reconcileLog(t, cp1.n), kubeadmLog(cp1.n))
-	}
+	afterKills(t, cp1.n, "v1.37.2")
+	t.Logf("cp1's cuts:\n%s", strings.Join(cut, "\n"))
 	log1 := reconcileLog(t, cp1.n)
 	// At most one snapshot attempt outcome per boot, never a second snapshot.
 	for i, pass := range strings.Split(log1, "msg=reconcile-start")[1:] {
@@ -403,8 +391,16 @@ func TestHAUpgrade(t *testing.T) {
 			t.Fatal(err)
 		}
 		bumpPin(t, hn.n, "v1.37.2")
+		if hn == cp3 {
+			// A real kill during a follower's upgrade node, after its
+			// manifests moved; the next boot finishes.
+			killAt(t, hn.n, killFollowerManifestsMoved)
+		}
 		if code := boot(hn, "1.37 image: upgrade node"); code != 0 {
 			t.Fatalf("%s upgrade node: exit %d\n%s\nkubeadm:\n%s", hn.name, code, lastPass(reconcileLog(t, hn.n)), kubeadmLog(hn.n))
+		}
+		if hn == cp3 {
+			afterKills(t, hn.n, "v1.37.2")
 		}
 		pass := lastPass(reconcileLog(t, hn.n))
 		for _, want := range []string{"msg=control-plane-health outcome=ok checks=cluster-endpoint-readyz,etcd-members", "msg=upgrade-node outcome=ok"} {
@@ -446,15 +442,18 @@ func TestHAUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	bumpPin(t, w1.n, "v1.37.2")
+	// A real kill during the worker's upgrade node; the next boot finishes.
+	killAt(t, w1.n, killWorkerUpgradeNode)
 	if code := boot(w1, "1.37 image: upgrade node"); code != 0 {
 		t.Fatalf("w1 upgrade node: exit %d\n%s\nkubeadm:\n%s", code, lastPass(reconcileLog(t, w1.n)), kubeadmLog(w1.n))
 	}
+	afterKills(t, w1.n, "v1.37.2")
 	waitNodes(t, cp1.n, "v1.37.2", "cp1", "cp2", "cp3", "w1")
 	v := check("worker upgrade node", cp1)
 	published(t, w1, cp1)
 	rollout(t, "worker upgrade node", cp1, 0, "nothing: every node is converged at v1.37.2")
 	// kubectl describe node tells the story of cp2's upgrade.
-	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	desc, err := cp1.n.Output(ctx, "/usr/bin/kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", "describe", "node", "cp2")
 	cancel()
 	if err != nil || !strings.Contains(desc, "UpgradeStarted") || !strings.Contains(desc, "UpgradeFinished") || !strings.Contains(desc, "provider-kubernetes.kairos.io/phase: Converged") {
@@ -490,6 +489,14 @@ func TestHAUpgrade(t *testing.T) {
 		}
 	}
 	progress(t, "all four nodes at v1.37.2, etcd 3.7 on every member, after %s", time.Since(start).Round(time.Second))
+
+	// Issue 17: a new worker joins with join-config's output, as an operator
+	// pastes it into the next node's cloud-config and adds the node's own
+	// documents (its nodeRegistration).
+	w2 := &haNode{node: node{name: "w2", ip: "10.0.0.15", role: "worker"}}
+	joinWithJoinConfig(t, c, cp1, w2, tr["1.37"])
+	waitNodes(t, cp1.n, "v1.37.2", "w2")
+	progress(t, "w2 joined at v1.37.2 with join-config's output")
 	var peak []string
 	for _, hn := range nodes {
 		peak = append(peak, fmt.Sprintf("%s %d MiB", hn.name, hn.n.PeakMemory()>>20))
@@ -499,7 +506,7 @@ func TestHAUpgrade(t *testing.T) {
 
 // published waits for the node's publish unit after its pass and checks its
 // Node carries the pass (read through via, a control plane with admin.conf).
-func published(t *testing.T, hn, via *haNode) {
+func published(t testing.TB, hn, via *haNode) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
 	defer cancel()
@@ -529,7 +536,7 @@ func published(t *testing.T, hn, via *haNode) {
 // rollout runs provider-kubernetes status --cluster on via (a control
 // plane: admin.conf by default), prints the table and checks its exit code
 // and next step.
-func rollout(t *testing.T, step string, via *haNode, wantExit int, wantNext string) {
+func rollout(t testing.TB, step string, via *haNode, wantExit int, wantNext string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -542,6 +549,91 @@ func rollout(t *testing.T, step string, via *haNode, wantExit int, wantNext stri
 	for _, n := range []string{"cp1", "cp2", "cp3", "w1"} {
 		if !strings.Contains(out, n) {
 			t.Fatalf("status --cluster lacks %s:\n%s", n, out)
+		}
+	}
+}
+
+// joinWithJoinConfig adds node hn, runs `provider-kubernetes join-config
+// --role worker` on cp, merges the new node's own nodeRegistration into the
+// printed section's joinConfiguration, writes it as hn's /oem cloud-config
+// and boots hn: its pass must join and converge.
+func joinWithJoinConfig(t testing.TB, c *harness.Cluster, cp, hn *haNode, tree string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	n, err := c.AddNode(ctx, harness.NodeSpec{Name: hn.name, Tree: tree})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.IP != hn.ip {
+		t.Fatalf("%s got %s, the test expects %s", hn.name, n.IP, hn.ip)
+	}
+	hn.n = n
+	res, err := cp.n.Exec(ctx, "/usr/bin/provider-kubernetes", "join-config", "--role", "worker")
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("join-config on %s: exit %d %v\n%s", cp.name, res.ExitCode, err, res.Stderr)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(res.Stdout, &doc); err != nil {
+		t.Fatal(err)
+	}
+	section, ok := doc["cluster"].(map[string]any)
+	if !ok {
+		t.Fatalf("join-config printed no cluster: section")
+	}
+	var printed, own map[string]any
+	if err := yaml.Unmarshal([]byte(section["config"].(string)), &printed); err != nil {
+		t.Fatal(err)
+	}
+	var mine map[string]any
+	if err := yaml.Unmarshal(clusterSection("unused-token-unused-token-unused", hn.node, "10.0.0.11", "v1.37.2"), &mine); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal([]byte(mine["config"].(string)), &own); err != nil {
+		t.Fatal(err)
+	}
+	join := printed["joinConfiguration"].(map[string]any)
+	join["nodeRegistration"] = own["joinConfiguration"].(map[string]any)["nodeRegistration"]
+	cfg, err := yaml.Marshal(printed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	section["config"] = string(cfg)
+	b, err := yaml.Marshal(section)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeCloudConfig(t, n, b)
+	if code := bootNode(t, n, "join with join-config's output"); code != 0 {
+		t.Fatalf("%s join: exit %d\n%s", hn.name, code, reconcileLog(t, n))
+	}
+	if pass := lastPass(reconcileLog(t, n)); !strings.Contains(pass, "msg=join outcome=ok") || !strings.Contains(pass, "token=explicit") {
+		t.Fatalf("%s did not join with the minted token:\n%s", hn.name, pass)
+	}
+}
+
+// afterKills checks the boot after real kills: it converged, restarted the
+// kubelet and verified, recorded the verified version, and no pass took a
+// snapshot after the first (the first, clean, pre-upgrade one only).
+func afterKills(t testing.TB, n *harness.Node, v string) {
+	t.Helper()
+	log := reconcileLog(t, n)
+	pass := lastPass(log)
+	for _, want := range []string{"msg=restart-kubelet outcome=ok", "msg=verify outcome=ok", "msg=reconcile-done outcome=converged"} {
+		if !strings.Contains(pass, want) {
+			t.Fatalf("%s: the boot after the kill lacks %q:\n%s", n.Name, want, pass)
+		}
+	}
+	if b, err := n.ReadFile(paths.VerifiedRecord); err != nil || strings.TrimSpace(string(b)) != v {
+		t.Fatalf("%s: verified-version record %q %v after the kills", n.Name, b, err)
+	}
+	passes := strings.Split(log, "msg=reconcile-start")[1:]
+	for i, p := range passes {
+		if k := strings.Count(p, "etcd-snapshot outcome="); k > 1 {
+			t.Fatalf("%s: pass %d logged %d snapshot outcomes", n.Name, i+1, k)
+		}
+		if i > 0 && strings.Contains(p, "etcd-snapshot outcome=taken") {
+			t.Fatalf("%s: pass %d took a snapshot after the apply had begun:\n%s", n.Name, i+1, p)
 		}
 	}
 }
