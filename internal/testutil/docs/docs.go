@@ -291,6 +291,45 @@ func (p *Page) Command(prefix string) (string, error) {
 	return found[0], nil
 }
 
+// E2ECommand selects one end-to-end command by prefix, as Command does
+// for local ones, and records it as run: the end-to-end suite runs it in a
+// node of a live cluster.
+func (p *Page) E2ECommand(prefix string) (string, error) {
+	var exact, starts []string
+	for _, c := range uniq(p.e2e) {
+		switch {
+		case c == prefix:
+			exact = append(exact, c)
+		case strings.HasPrefix(c, prefix):
+			starts = append(starts, c)
+		}
+	}
+	found := exact
+	if len(found) == 0 {
+		found = starts
+	}
+	if len(found) != 1 {
+		return "", fmt.Errorf("docs/%s shows %d end-to-end commands that are or start with %q, want 1 (end-to-end commands: %q)", p.Name, len(found), prefix, p.e2e)
+	}
+	p.mu.Lock()
+	p.ran[found[0]] = true
+	p.mu.Unlock()
+	return found[0], nil
+}
+
+// UnrunE2E returns the end-to-end commands no E2ECommand call selected, in order.
+func (p *Page) UnrunE2E() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, c := range uniq(p.e2e) {
+		if !p.ran[c] {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // Output returns what the page shows the block of command cmd (as
 // Command returned it) printing: its Output, "" when it shows none.
 func (p *Page) Output(cmd string) string {

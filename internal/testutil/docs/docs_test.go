@@ -67,6 +67,19 @@ func TestE2EBlocksAndPage(t *testing.T) {
 	if len(p.Unrun()) != 1 {
 		t.Fatalf("unrun %q", p.Unrun())
 	}
+	// End-to-end commands are selected apart, and recorded apart.
+	if _, err := p.E2ECommand("provider-kubernetes status"); err == nil {
+		t.Fatal("a local command was selected as an end-to-end one")
+	}
+	if want := []string{"kubectl get nodes", "reboot"}; !reflect.DeepEqual(p.UnrunE2E(), want) {
+		t.Fatalf("unrun e2e %q, want %q", p.UnrunE2E(), want)
+	}
+	if c, err := p.E2ECommand("reboot"); err != nil || c != "reboot" {
+		t.Fatalf("%q %v", c, err)
+	}
+	if want := []string{"kubectl get nodes"}; !reflect.DeepEqual(p.UnrunE2E(), want) {
+		t.Fatalf("unrun e2e %q, want %q", p.UnrunE2E(), want)
+	}
 }
 
 func TestUnclosedBlock(t *testing.T) {
