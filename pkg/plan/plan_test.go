@@ -100,6 +100,8 @@ func TestDecide(t *testing.T) {
 		{name: "skip level 1.35 to 1.37", member: true, role: RoleControlPlane, pin: "v1.37.2", bundled: "v1.37.2", node: "v1.35.4", clustr: "v1.35.4", verdict: VerdictRefuse, refusal: SkipLevel, reason: ReasonUpgradeRefused},
 		{name: "skip level worker", member: true, role: RoleWorker, pin: "v1.37.2", bundled: "v1.37.2", node: "v1.35.4", clustr: "v1.37.2", verdict: VerdictRefuse, refusal: SkipLevel, reason: ReasonUpgradeRefused},
 		{name: "out-of-window source may leave: 1.34 to 1.35", member: true, role: RoleControlPlane, pin: "v1.35.4", bundled: "v1.35.4", node: "v1.34.5", clustr: "v1.34.5", verdict: VerdictAct, actions: apply},
+		// A target below the window, one minor up, on an in-window image: OutOfWindow is the first check that fails.
+		{name: "out-of-window target 1.33 to 1.34", member: true, role: RoleWorker, pin: "v1.34.5", bundled: "v1.35.4", node: "v1.33.8", clustr: "v1.34.5", verdict: VerdictRefuse, refusal: OutOfWindow, reason: ReasonUpgradeRefused},
 		{name: "out-of-window source skip 1.34 to 1.36", member: true, role: RoleControlPlane, pin: "v1.36.3", bundled: "v1.36.3", node: "v1.34.5", clustr: "v1.34.5", verdict: VerdictRefuse, refusal: SkipLevel, reason: ReasonUpgradeRefused},
 		{name: "pin older patch than image", member: true, role: RoleControlPlane, pin: "v1.37.1", bundled: "v1.37.2", node: "v1.36.3", clustr: "v1.36.3", verdict: VerdictRefuse, refusal: PinImageMismatch, reason: ReasonUpgradeRefused},
 		{name: "patch pin older than image patch", member: true, role: RoleWorker, pin: "v1.37.1", bundled: "v1.37.2", node: "v1.37.0", clustr: "v1.37.1", verdict: VerdictRefuse, refusal: PinImageMismatch, reason: ReasonUpgradeRefused},
