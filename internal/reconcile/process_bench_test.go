@@ -1,0 +1,181 @@
+package reconcile
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/testbin"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+)
+
+// BenchmarkConvergedProcess is what a converged node pays on every boot:
+// the whole `provider-kubernetes reconcile --root SANDBOX` process, from
+// its exec to its exit (process start, every linked package's init, the
+// pass, the exit), side by side with a bare `kubeadm version -o short` of
+// the real kubeadm v1.37.2 the node bundles, started the same way. The
+// sandbox is BenchmarkConvergedPass's converged node (cluster file, bundle
+// manifest, kubelet.conf with a client certificate, the one API read
+// answered by a real HTTPS API stand-in). Each iteration is one round: the
+// bare kubeadm and each provider binary once, in an order that rotates
+// every round; every provider run must exit 0 with phase Converged and no
+// actions in its status.
+//
+// The provider is the binary `make build` makes from this tree (stripped,
+// trimmed paths), or the ones named in CONVERGED_BENCH_PROVIDERS
+// ("before=/path,after=/path": run side by side, each against the same
+// bare runs). Reports min/median/max of both and of their per-round ratio.
+// Target (issue 16): median provider/kubeadm <= 1/3.
+//
+//	go test -run '^$' -bench BenchmarkConvergedProcess -benchtime 200x ./internal/reconcile/
+func BenchmarkConvergedProcess(b *testing.B) {
+	providers := convergedBenchProviders(b)
+	kubeadm := testbin.Kubeadm(b, "v1.37.2")
+	for _, role := range []string{"controlplane", "worker"} {
+		b.Run(role, func(b *testing.B) {
+			n := testutil.NewNode(b, "n1")
+			api := testutil.NewAPI(b, "v1.37.2")
+			n.ClusterFile(role, "v1.37.2", "")
+			n.Bundle("v1.37.2")
+			n.Member(api)
+			api.SetNode("n1", "v1.37.2", true)
+			if role == "controlplane" {
+				n.ControlPlane("v1.37.2")
+			} else {
+				n.Write(paths.StatusMirror, "phase: Converged\nmember: true\nnodeVersion: v1.37.2\n", 0o644)
+			}
+			type job struct {
+				name string
+				bin  string
+				args []string
+			}
+			jobs := []job{{name: "kubeadm", bin: kubeadm, args: []string{"version", "-o", "short"}}}
+			for _, p := range providers {
+				jobs = append(jobs, job{name: p.name, bin: p.path, args: []string{"reconcile", "--root", n.Root}})
+			}
+			took := map[string][]float64{}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				for k := range jobs {
+					j := jobs[(i+k)%len(jobs)] // rotate who runs first
+					d, out, err := timeProcess(b, j.bin, j.args)
+					b.StopTimer()
+					if err != nil {
+						b.Fatalf("%s %s: %v\n%s", j.bin, strings.Join(j.args, " "), err, out)
+					}
+					if j.name == "kubeadm" {
+						if strings.TrimSpace(out) != "v1.37.2" {
+							b.Fatalf("kubeadm version -o short: %q", out)
+						}
+					} else if doc, err := status.Read(n.R(), paths.StatusFile); err != nil || doc.Phase != status.PhaseConverged || len(doc.Actions) != 0 {
+						b.Fatalf("%s: not a converged pass: %v %+v\n%s", j.name, err, doc, out)
+					}
+					took[j.name] = append(took[j.name], d.Seconds()*1000)
+					b.StartTimer()
+				}
+			}
+			b.StopTimer()
+			bare := took["kubeadm"]
+			b.ReportMetric(median(bare), "kubeadm-ms")
+			// One line each (the testing package keeps 10 lines of a
+			// benchmark's log), and none for its N=1 probe run.
+			log := fmt.Sprintf("%d rounds (%s), min / median / max:\n  kubeadm version -o short  %s", b.N, role, mmm(bare, "%.1f ms"))
+			for _, p := range providers {
+				pt := took[p.name]
+				ratio := make([]float64, len(pt))
+				for i := range pt {
+					ratio[i] = pt[i] / bare[i] // the same round's kubeadm run
+				}
+				log += fmt.Sprintf("\n  %-24s  %s, per-round ratio %s (target <= 0.333)", p.name+" reconcile", mmm(pt, "%.1f ms"), mmm(ratio, "%.3f"))
+				prefix := ""
+				if len(providers) > 1 {
+					prefix = p.name + "-"
+				}
+				b.ReportMetric(median(pt), prefix+"provider-ms")
+				b.ReportMetric(median(ratio), prefix+"provider/kubeadm")
+			}
+			if b.N > 1 {
+				b.Log(log)
+			}
+		})
+	}
+}
+
+type providerBin struct{ name, path string }
+
+// convergedBenchProviders is CONVERGED_BENCH_PROVIDERS, else the binary
+// `make build` makes from this tree (stripped, trimmed paths).
+func convergedBenchProviders(b *testing.B) []providerBin {
+	if s := os.Getenv("CONVERGED_BENCH_PROVIDERS"); s != "" {
+		var out []providerBin
+		for _, kv := range strings.Split(s, ",") {
+			name, p, ok := strings.Cut(kv, "=")
+			if !ok || name == "" || name == "kubeadm" || !filepath.IsAbs(p) {
+				b.Fatalf("CONVERGED_BENCH_PROVIDERS: %q is not name=/absolute/path", kv)
+			}
+			if _, err := os.Stat(p); err != nil {
+				b.Fatal(err)
+			}
+			out = append(out, providerBin{name, p})
+		}
+		return out
+	}
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(goBin); err != nil {
+		goBin = "go"
+	}
+	mod, err := exec.Command(goBin, "env", "GOMOD").Output()
+	if err != nil || strings.TrimSpace(string(mod)) == "" {
+		b.Fatalf("go env GOMOD: %v", err)
+	}
+	out := filepath.Join(b.TempDir(), "provider-kubernetes")
+	cmd := testutil.Command(b, 10*time.Minute, goBin, "build", "-trimpath", "-ldflags", "-s -w", "-o", out, "./cmd/provider-kubernetes")
+	cmd.Dir = filepath.Dir(strings.TrimSpace(string(mod)))
+	if o, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("go build the provider: %v\n%s", err, o)
+	}
+	return []providerBin{{"provider", out}}
+}
+
+// timeProcess runs one command with the environment a unit gives it, timed
+// from before its exec to its exit.
+func timeProcess(b *testing.B, bin string, args []string) (time.Duration, string, error) {
+	cmd := testutil.Command(b, time.Minute, bin, args...)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "HOME=/root"}
+	cmd.Dir = "/"
+	var o bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &o
+	t0 := time.Now()
+	err := cmd.Run()
+	return time.Since(t0), o.String(), err
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// mmm formats min / median / max.
+func mmm(v []float64, format string) string {
+	if len(v) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf(format+" / "+format+" / "+format, slices.Min(v), median(v), slices.Max(v))
+}
