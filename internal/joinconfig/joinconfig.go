@@ -19,9 +19,6 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kairos-io/provider-kubernetes/internal/bootstrap"
@@ -152,8 +149,8 @@ func Mint(ctx context.Context, o Options) (_ Material, err error) {
 func deleteToken(ctx context.Context, c *kube.Client, id string, timeout time.Duration) error {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	err := c.Clientset.CoreV1().Secrets("kube-system").Delete(dctx, "bootstrap-token-"+id, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
+	err := c.Delete(dctx, "kube-system", "secrets", "bootstrap-token-"+id)
+	if err != nil && !kube.IsNotFound(err) {
 		return fmt.Errorf("delete the unused bootstrap token %s (delete it with kubeadm token delete %s): %w", id, id, err)
 	}
 	return nil
@@ -167,11 +164,11 @@ type clusterConfig struct {
 // clusterConfiguration reads the cluster's own ClusterConfiguration from
 // kube-system/kubeadm-config: the truth the next node joins.
 func clusterConfiguration(ctx context.Context, c *kube.Client) (clusterConfig, string, error) {
-	cm, err := c.Clientset.CoreV1().ConfigMaps("kube-system").Get(ctx, "kubeadm-config", metav1.GetOptions{})
+	data, err := c.ConfigMapData(ctx, "kube-system", "kubeadm-config")
 	if err != nil {
 		return clusterConfig{}, "", fmt.Errorf("get kube-system/kubeadm-config: %w", err)
 	}
-	raw := cm.Data["ClusterConfiguration"]
+	raw := data["ClusterConfiguration"]
 	var cc clusterConfig
 	if err := yaml.Unmarshal([]byte(raw), &cc); err != nil || cc.KubernetesVersion == "" {
 		return clusterConfig{}, "", fmt.Errorf("kube-system/kubeadm-config has no readable ClusterConfiguration (%v)", err)
@@ -232,10 +229,11 @@ func randomKey() (string, error) {
 // createToken creates the bootstrap token Secret the way kubeadm does.
 func createToken(ctx context.Context, c *kube.Client, token string, expires time.Time, role string) error {
 	id, secret := token[:6], token[7:]
-	s := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "bootstrap-token-" + id, Namespace: "kube-system"},
-		Type:       corev1.SecretTypeBootstrapToken,
-		StringData: map[string]string{
+	s := map[string]any{
+		"apiVersion": "v1", "kind": "Secret",
+		"metadata": map[string]string{"name": "bootstrap-token-" + id, "namespace": "kube-system"},
+		"type":     "bootstrap.kubernetes.io/token",
+		"stringData": map[string]string{
 			"description":                    "provider-kubernetes join-config for a " + role,
 			"token-id":                       id,
 			"token-secret":                   secret,
@@ -245,7 +243,7 @@ func createToken(ctx context.Context, c *kube.Client, token string, expires time
 			"auth-extra-groups":              "system:bootstrappers:kubeadm:default-node-token",
 		},
 	}
-	if _, err := c.Clientset.CoreV1().Secrets("kube-system").Create(ctx, s, metav1.CreateOptions{}); err != nil {
+	if err := c.Create(ctx, "kube-system", "secrets", s); err != nil {
 		return fmt.Errorf("create bootstrap token %s: %w", id, err)
 	}
 	return nil

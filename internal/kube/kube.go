@@ -1,7 +1,14 @@
-// Package kube reads what the provider needs from the API through client-go:
-// the cluster version from kube-system/kubeadm-config and a Node's kubelet
-// version. Kubeconfigs are read under the root, with their file paths
-// re-based there too.
+// Package kube reads and writes the few API objects the provider needs: the
+// cluster version from kube-system/kubeadm-config, Nodes, a few kube-system
+// workloads, Events, bootstrap-token Secrets. Kubeconfigs are read under the
+// root, with their file paths re-based there too.
+//
+// Requests go through client-go's generic REST client (its transport, TLS,
+// credentials, retries and error types, as the typed clientset uses them)
+// with a scheme of the meta types alone, and answers are decoded into the
+// few fields the provider reads. The typed clientset is not linked: its
+// scheme of every API group is most of what the process spent starting,
+// on every boot, converged or not.
 package kube
 
 import (
@@ -15,15 +22,19 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
@@ -31,17 +42,30 @@ import (
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
-// Client is a clientset plus where it came from.
+// Client talks to one apiserver, and says where its kubeconfig came from.
 type Client struct {
-	Clientset  kubernetes.Interface
 	Kubeconfig string // host path
 	NodeName   string // from the kubeconfig's client certificate, if it is a node's
 	Server     string // the API server URL the kubeconfig points at
 	rest       *rest.Config
+	core       *rest.RESTClient // /api/v1
+	apps       *rest.RESTClient // /apis/apps/v1
 }
 
 // ErrNoKubeconfig is returned when neither kubelet.conf nor admin.conf exists.
 var ErrNoKubeconfig = errors.New("no kubeconfig: neither kubelet.conf nor admin.conf is readable")
+
+// IsNotFound reports an apiserver's answer that the object does not exist.
+func IsNotFound(err error) bool { return apierrors.IsNotFound(err) }
+
+// codecs is what the REST client needs to encode options and decode an
+// apiserver's Status (every error answer): the meta types, registered as
+// client-go's own scheme registers them, and no API group.
+var codecs = sync.OnceValue(func() serializer.CodecFactory {
+	s := runtime.NewScheme()
+	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
+	return serializer.NewCodecFactory(s)
+})
 
 // Load builds a client from the first readable kubeconfig (host paths under
 // root). The per-request timeout bounds every call made through it.
@@ -80,11 +104,36 @@ func load(root paths.Root, kc string, timeout time.Duration) (*Client, error) {
 	rc.QPS = -1
 	// JSON both ways: every apiserver speaks it, and so does the test API.
 	rc.ContentType, rc.AcceptContentTypes = "application/json", "application/json"
-	cs, err := kubernetes.NewForConfig(rc)
+	c, err := forConfig(rc)
 	if err != nil {
-		return nil, fmt.Errorf("clientset %s: %w", kc, err)
+		return nil, fmt.Errorf("client %s: %w", kc, err)
 	}
-	return &Client{Clientset: cs, Kubeconfig: kc, NodeName: nodeName(rc), Server: rc.Host, rest: rc}, nil
+	c.Kubeconfig, c.NodeName = kc, nodeName(rc)
+	return c, nil
+}
+
+// forConfig makes the core and apps REST clients of rc, sharing one
+// HTTP client (one connection).
+func forConfig(rc *rest.Config) (*Client, error) {
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return nil, err
+	}
+	mk := func(apiPath string, gv schema.GroupVersion) (*rest.RESTClient, error) {
+		cfg := rest.CopyConfig(rc)
+		cfg.APIPath, cfg.GroupVersion = apiPath, &gv
+		cfg.NegotiatedSerializer = codecs().WithoutConversion()
+		return rest.RESTClientForConfigAndClient(cfg, hc)
+	}
+	core, err := mk("/api", schema.GroupVersion{Version: "v1"})
+	if err != nil {
+		return nil, err
+	}
+	apps, err := mk("/apis", schema.GroupVersion{Group: "apps", Version: "v1"})
+	if err != nil {
+		return nil, err
+	}
+	return &Client{Server: rc.Host, rest: rc, core: core, apps: apps}, nil
 }
 
 // At is a client for the apiserver at addr ("host:port") with the same
@@ -96,11 +145,61 @@ func (c *Client) At(addr string) (*Client, error) {
 	}
 	rc := rest.CopyConfig(c.rest)
 	rc.Host = "https://" + addr
-	cs, err := kubernetes.NewForConfig(rc)
+	out, err := forConfig(rc)
 	if err != nil {
-		return nil, fmt.Errorf("clientset for %s: %w", addr, err)
+		return nil, fmt.Errorf("client for %s: %w", addr, err)
 	}
-	return &Client{Clientset: cs, Kubeconfig: c.Kubeconfig, NodeName: c.NodeName, Server: rc.Host, rest: rc}, nil
+	out.Kubeconfig, out.NodeName = c.Kubeconfig, c.NodeName
+	return out, nil
+}
+
+// into decodes a successful answer into out: field names matched
+// case-sensitively, as client-go's JSON serializer does.
+func into(r rest.Result, out any) error {
+	if err := r.Error(); err != nil {
+		return err
+	}
+	body, _ := r.Raw()
+	if len(body) == 0 {
+		return errors.New("empty answer")
+	}
+	return kjson.UnmarshalCaseSensitivePreserveInts(body, out)
+}
+
+// get reads the named object of a resource (namespace "" for a cluster
+// resource) into out.
+func get(ctx context.Context, rc *rest.RESTClient, namespace, resource, name string, out any) error {
+	req := rc.Get().Resource(resource).Name(name)
+	if namespace != "" {
+		req = req.Namespace(namespace)
+	}
+	return into(req.Do(ctx), out)
+}
+
+// ConfigMapData reads a ConfigMap's data.
+func (c *Client) ConfigMapData(ctx context.Context, namespace, name string) (map[string]string, error) {
+	var cm struct {
+		Data map[string]string `json:"data"`
+	}
+	if err := get(ctx, c.core, namespace, "configmaps", name, &cm); err != nil {
+		return nil, err
+	}
+	return cm.Data, nil
+}
+
+// Create creates obj (a JSON-marshalable object of the core API) in a
+// namespaced resource.
+func (c *Client) Create(ctx context.Context, namespace, resource string, obj any) error {
+	body, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	return c.core.Post().Namespace(namespace).Resource(resource).SetHeader("Content-Type", "application/json").Body(body).Do(ctx).Error()
+}
+
+// Delete deletes a named object of a namespaced core resource.
+func (c *Client) Delete(ctx context.Context, namespace, resource, name string) error {
+	return c.core.Delete().Namespace(namespace).Resource(resource).Name(name).Body(&metav1.DeleteOptions{}).Do(ctx).Error()
 }
 
 // APIServers lists the address of every apiserver in the endpoints of the
@@ -109,8 +208,18 @@ func (c *Client) At(addr string) (*Client, error) {
 // read this object (get endpoints); they may not list Nodes or other
 // nodes' pods.
 func (c *Client) APIServers(ctx context.Context) ([]string, error) {
-	ep, err := c.Clientset.CoreV1().Endpoints("default").Get(ctx, "kubernetes", metav1.GetOptions{})
-	if err != nil {
+	var ep struct {
+		Subsets []struct {
+			Addresses []struct {
+				IP string `json:"ip"`
+			} `json:"addresses"`
+			Ports []struct {
+				Name string `json:"name"`
+				Port int32  `json:"port"`
+			} `json:"ports"`
+		} `json:"subsets"`
+	}
+	if err := get(ctx, c.core, "default", "endpoints", "kubernetes", &ep); err != nil {
 		return nil, fmt.Errorf("get default/kubernetes endpoints via %s: %w", c.Kubeconfig, err)
 	}
 	var out []string
@@ -135,7 +244,7 @@ func (c *Client) APIServers(ctx context.Context) ([]string, error) {
 // ServerVersion is the version the apiserver this client talks to serves
 // (/version, readable by any authenticated client).
 func (c *Client) ServerVersion(ctx context.Context) (version.Version, error) {
-	body, err := c.Clientset.Discovery().RESTClient().Get().AbsPath("/version").DoRaw(ctx)
+	body, err := c.core.Get().AbsPath("/version").DoRaw(ctx)
 	if err != nil {
 		return version.Version{}, fmt.Errorf("/version of %s: %w", c.Server, err)
 	}
@@ -229,11 +338,11 @@ func nodeName(rc *rest.Config) string {
 
 // ClusterVersion reads kube-system/kubeadm-config ClusterConfiguration.kubernetesVersion.
 func (c *Client) ClusterVersion(ctx context.Context) (version.Version, error) {
-	cm, err := c.Clientset.CoreV1().ConfigMaps("kube-system").Get(ctx, "kubeadm-config", metav1.GetOptions{})
+	data, err := c.ConfigMapData(ctx, "kube-system", "kubeadm-config")
 	if err != nil {
 		return version.Version{}, fmt.Errorf("get kube-system/kubeadm-config via %s: %w", c.Kubeconfig, err)
 	}
-	raw, ok := cm.Data["ClusterConfiguration"]
+	raw, ok := data["ClusterConfiguration"]
 	if !ok {
 		return version.Version{}, fmt.Errorf("kube-system/kubeadm-config has no ClusterConfiguration")
 	}
@@ -267,7 +376,7 @@ func (n NodeInfo) NoCNI() bool {
 
 // Readyz asks the apiserver this client talks to for /readyz.
 func (c *Client) Readyz(ctx context.Context) error {
-	body, err := c.Clientset.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	body, err := c.core.Get().AbsPath("/readyz").DoRaw(ctx)
 	if err != nil {
 		return fmt.Errorf("/readyz via %s: %w (%s)", c.Kubeconfig, err, strings.TrimSpace(string(body)))
 	}
@@ -281,10 +390,29 @@ type PodInfo struct {
 	Ready   bool
 }
 
+// container is the part of a pod template's container the provider reads.
+type container struct {
+	Name  string `json:"name"`
+	Image string `json:"image"`
+}
+
 // Pod reads the first container of a pod.
 func (c *Client) Pod(ctx context.Context, namespace, name string) (PodInfo, error) {
-	p, err := c.Clientset.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+	var p struct {
+		Spec struct {
+			Containers []container `json:"containers"`
+		} `json:"spec"`
+		Status struct {
+			ContainerStatuses []struct {
+				Name  string `json:"name"`
+				Ready bool   `json:"ready"`
+				State struct {
+					Running *struct{} `json:"running"`
+				} `json:"state"`
+			} `json:"containerStatuses"`
+		} `json:"status"`
+	}
+	if err := get(ctx, c.core, namespace, "pods", name, &p); err != nil {
 		return PodInfo{}, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
 	}
 	if len(p.Spec.Containers) == 0 {
@@ -307,31 +435,95 @@ func (c *Client) Annotate(ctx context.Context, node string, annotations map[stri
 	if err != nil {
 		return err
 	}
-	if _, err := c.Clientset.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "provider-kubernetes"}); err != nil {
+	err = c.core.Patch(types.MergePatchType).Resource("nodes").Name(node).
+		Param("fieldManager", "provider-kubernetes").Body(patch).Do(ctx).Error()
+	if err != nil {
 		return fmt.Errorf("annotate node %s: %w", node, err)
 	}
 	return nil
 }
 
+// node is the part of a Node the provider reads.
+type node struct {
+	Metadata struct {
+		Name        string            `json:"name"`
+		UID         string            `json:"uid"`
+		Labels      map[string]string `json:"labels"`
+		Annotations map[string]string `json:"annotations"`
+	} `json:"metadata"`
+	Status struct {
+		NodeInfo struct {
+			KubeletVersion string `json:"kubeletVersion"`
+		} `json:"nodeInfo"`
+		Conditions []struct {
+			Type    string `json:"type"`
+			Status  string `json:"status"`
+			Reason  string `json:"reason"`
+			Message string `json:"message"`
+		} `json:"conditions"`
+		Addresses []struct {
+			Type    string `json:"type"`
+			Address string `json:"address"`
+		} `json:"addresses"`
+	} `json:"status"`
+}
+
+// ready is the Node's Ready condition.
+func (n *node) ready() (ready bool, reason, message string) {
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == "Ready" {
+			ready, reason, message = cond.Status == "True", cond.Reason, cond.Message
+		}
+	}
+	return ready, reason, message
+}
+
+// event is a core/v1 Event as the provider records it.
+type event struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		GenerateName string `json:"generateName"`
+		Namespace    string `json:"namespace"`
+	} `json:"metadata"`
+	InvolvedObject struct {
+		Kind       string `json:"kind"`
+		Name       string `json:"name"`
+		UID        string `json:"uid,omitempty"`
+		APIVersion string `json:"apiVersion"`
+	} `json:"involvedObject"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+	Source  struct {
+		Component string `json:"component"`
+		Host      string `json:"host"`
+	} `json:"source"`
+	FirstTimestamp      string `json:"firstTimestamp"`
+	LastTimestamp       string `json:"lastTimestamp"`
+	Count               int32  `json:"count"`
+	Type                string `json:"type"`
+	ReportingController string `json:"reportingComponent"`
+	ReportingInstance   string `json:"reportingInstance"`
+}
+
 // NodeEvent records a core/v1 Event about a Node (in the default
 // namespace, as the kubelet records its own), so `kubectl describe node`
 // shows it. eventType is Normal or Warning.
-func (c *Client) NodeEvent(ctx context.Context, node, eventType, reason, message string, now time.Time) error {
+func (c *Client) NodeEvent(ctx context.Context, nodeName, eventType, reason, message string, now time.Time) error {
+	var n node
 	uid := ""
-	if n, err := c.Clientset.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err == nil {
-		uid = string(n.UID)
+	if get(ctx, c.core, "", "nodes", nodeName, &n) == nil {
+		uid = n.Metadata.UID
 	}
-	t := metav1.NewTime(now)
-	ev := &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{GenerateName: node + ".provider-kubernetes.", Namespace: "default"},
-		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(uid), APIVersion: "v1"},
-		Reason:         reason, Message: message, Type: eventType,
-		Source:         corev1.EventSource{Component: "provider-kubernetes", Host: node},
+	t := now.UTC().Format(time.RFC3339) // metav1.Time: seconds, UTC
+	ev := event{APIVersion: "v1", Kind: "Event", Reason: reason, Message: message, Type: eventType,
 		FirstTimestamp: t, LastTimestamp: t, Count: 1,
-		ReportingController: "provider-kubernetes", ReportingInstance: node,
-	}
-	if _, err := c.Clientset.CoreV1().Events("default").Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("record event %s on node %s: %w", reason, node, err)
+		ReportingController: "provider-kubernetes", ReportingInstance: nodeName}
+	ev.Metadata.GenerateName, ev.Metadata.Namespace = nodeName+".provider-kubernetes.", "default"
+	ev.InvolvedObject.Kind, ev.InvolvedObject.Name, ev.InvolvedObject.UID, ev.InvolvedObject.APIVersion = "Node", nodeName, uid, "v1"
+	ev.Source.Component, ev.Source.Host = "provider-kubernetes", nodeName
+	if err := c.Create(ctx, "default", "events", ev); err != nil {
+		return fmt.Errorf("record event %s on node %s: %w", reason, nodeName, err)
 	}
 	return nil
 }
@@ -345,21 +537,34 @@ type NodeRecord struct {
 	Annotations    map[string]string
 }
 
+// listNodes lists the Nodes (those matching selector, when given).
+func (c *Client) listNodes(ctx context.Context, selector string) ([]node, error) {
+	// As the typed client lists: no server-side timeout parameter, and
+	// the HTTP client's timeout alone bounds it.
+	req := c.core.Get().Resource("nodes").Timeout(0)
+	if selector != "" {
+		req = req.Param("labelSelector", selector)
+	}
+	var l struct {
+		Items []node `json:"items"`
+	}
+	if err := into(req.Do(ctx), &l); err != nil {
+		return nil, err
+	}
+	return l.Items, nil
+}
+
 // Nodes lists every Node, sorted by name (needs list on Nodes).
 func (c *Client) Nodes(ctx context.Context) ([]NodeRecord, error) {
-	l, err := c.Clientset.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	items, err := c.listNodes(ctx, "")
 	if err != nil {
 		return nil, fmt.Errorf("list nodes via %s: %w", c.Kubeconfig, err)
 	}
-	out := make([]NodeRecord, 0, len(l.Items))
-	for _, n := range l.Items {
-		_, cp := n.Labels["node-role.kubernetes.io/control-plane"]
-		r := NodeRecord{Name: n.Name, ControlPlane: cp, KubeletVersion: n.Status.NodeInfo.KubeletVersion, Annotations: n.Annotations}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady {
-				r.Ready = cond.Status == corev1.ConditionTrue
-			}
-		}
+	out := make([]NodeRecord, 0, len(items))
+	for _, n := range items {
+		_, cp := n.Metadata.Labels["node-role.kubernetes.io/control-plane"]
+		r := NodeRecord{Name: n.Metadata.Name, ControlPlane: cp, KubeletVersion: n.Status.NodeInfo.KubeletVersion, Annotations: n.Metadata.Annotations}
+		r.Ready, _, _ = n.ready()
 		out = append(out, r)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -373,13 +578,13 @@ type NodeAddr struct{ Name, IP string }
 // (kubeadm labels every control plane), sorted by name. Needs list on
 // Nodes: admin.conf has it, a node's own credentials do not.
 func (c *Client) ControlPlaneNodes(ctx context.Context) ([]NodeAddr, error) {
-	l, err := c.Clientset.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "node-role.kubernetes.io/control-plane"})
+	items, err := c.listNodes(ctx, "node-role.kubernetes.io/control-plane")
 	if err != nil {
 		return nil, fmt.Errorf("list control-plane nodes via %s: %w", c.Kubeconfig, err)
 	}
 	var out []NodeAddr
-	for _, n := range l.Items {
-		na := NodeAddr{Name: n.Name}
+	for _, n := range items {
+		na := NodeAddr{Name: n.Metadata.Name}
 		for _, a := range n.Status.Addresses {
 			if a.Type == "InternalIP" {
 				na.IP = a.Address
@@ -408,10 +613,37 @@ func (r Rollout) Done() bool {
 	return r.Current && r.Updated == r.Desired && r.Total == r.Desired && r.Available == r.Desired
 }
 
+// workload is the part of a DaemonSet or Deployment the provider reads.
+type workload struct {
+	Metadata struct {
+		Generation int64 `json:"generation"`
+	} `json:"metadata"`
+	Spec struct {
+		Replicas *int32 `json:"replicas"` // a Deployment's
+		Template struct {
+			Spec struct {
+				Containers []container `json:"containers"`
+			} `json:"spec"`
+		} `json:"template"`
+	} `json:"spec"`
+	Status struct {
+		ObservedGeneration int64 `json:"observedGeneration"`
+		// a DaemonSet's
+		DesiredNumberScheduled int32 `json:"desiredNumberScheduled"`
+		UpdatedNumberScheduled int32 `json:"updatedNumberScheduled"`
+		NumberAvailable        int32 `json:"numberAvailable"`
+		CurrentNumberScheduled int32 `json:"currentNumberScheduled"`
+		// a Deployment's
+		UpdatedReplicas   int32 `json:"updatedReplicas"`
+		AvailableReplicas int32 `json:"availableReplicas"`
+		Replicas          int32 `json:"replicas"`
+	} `json:"status"`
+}
+
 // DaemonSet reads a DaemonSet's first container image and rollout.
 func (c *Client) DaemonSet(ctx context.Context, namespace, name string) (Rollout, error) {
-	d, err := c.Clientset.AppsV1().DaemonSets(namespace).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+	var d workload
+	if err := get(ctx, c.apps, namespace, "daemonsets", name, &d); err != nil {
 		return Rollout{}, fmt.Errorf("get daemonset %s/%s: %w", namespace, name, err)
 	}
 	if len(d.Spec.Template.Spec.Containers) == 0 {
@@ -419,13 +651,13 @@ func (c *Client) DaemonSet(ctx context.Context, namespace, name string) (Rollout
 	}
 	s := d.Status
 	return Rollout{Image: d.Spec.Template.Spec.Containers[0].Image, Desired: s.DesiredNumberScheduled, Updated: s.UpdatedNumberScheduled,
-		Available: s.NumberAvailable, Total: s.CurrentNumberScheduled, Current: s.ObservedGeneration >= d.Generation}, nil
+		Available: s.NumberAvailable, Total: s.CurrentNumberScheduled, Current: s.ObservedGeneration >= d.Metadata.Generation}, nil
 }
 
 // Deployment reads a Deployment's first container image and rollout.
 func (c *Client) Deployment(ctx context.Context, namespace, name string) (Rollout, error) {
-	d, err := c.Clientset.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+	var d workload
+	if err := get(ctx, c.apps, namespace, "deployments", name, &d); err != nil {
 		return Rollout{}, fmt.Errorf("get deployment %s/%s: %w", namespace, name, err)
 	}
 	if len(d.Spec.Template.Spec.Containers) == 0 {
@@ -437,7 +669,7 @@ func (c *Client) Deployment(ctx context.Context, namespace, name string) (Rollou
 	}
 	s := d.Status
 	return Rollout{Image: d.Spec.Template.Spec.Containers[0].Image, Desired: want, Updated: s.UpdatedReplicas,
-		Available: s.AvailableReplicas, Total: s.Replicas, Current: s.ObservedGeneration >= d.Generation}, nil
+		Available: s.AvailableReplicas, Total: s.Replicas, Current: s.ObservedGeneration >= d.Metadata.Generation}, nil
 }
 
 // Node reads a Node's kubelet version and readiness.
@@ -445,8 +677,8 @@ func (c *Client) Node(ctx context.Context, name string) (NodeInfo, error) {
 	if name == "" {
 		return NodeInfo{}, errors.New("node name unknown")
 	}
-	n, err := c.Clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+	var n node
+	if err := get(ctx, c.core, "", "nodes", name, &n); err != nil {
 		return NodeInfo{}, fmt.Errorf("get node %s: %w", name, err)
 	}
 	v, err := version.ParseReported(n.Status.NodeInfo.KubeletVersion)
@@ -454,12 +686,6 @@ func (c *Client) Node(ctx context.Context, name string) (NodeInfo, error) {
 		return NodeInfo{}, fmt.Errorf("node %s kubeletVersion: %w", name, err)
 	}
 	ni := NodeInfo{KubeletVersion: v}
-	for _, cond := range n.Status.Conditions {
-		if cond.Type == "Ready" {
-			ni.Ready = cond.Status == "True"
-			ni.ReadyReason = cond.Reason
-			ni.ReadyMessage = cond.Message
-		}
-	}
+	ni.Ready, ni.ReadyReason, ni.ReadyMessage = n.ready()
 	return ni, nil
 }

@@ -7,8 +7,6 @@ import (
 	"sort"
 	"strings"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-
 	"github.com/kairos-io/provider-kubernetes/internal/kube"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
@@ -137,7 +135,7 @@ func addonsAt(ctx context.Context, admin *kube.Client, proxyTag, corednsTag stri
 	check := func(kind, name, want string, get func(context.Context, string, string) (kube.Rollout, error)) error {
 		r, err := get(ctx, "kube-system", name)
 		if err != nil {
-			if apierrors.IsNotFound(err) {
+			if kube.IsNotFound(err) {
 				notes = append(notes, fmt.Sprintf("%s kube-system/%s is not deployed: not verified", kind, name))
 				return nil
 			}
