@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 
 	"sigs.k8s.io/yaml"
 )
@@ -118,7 +119,7 @@ type ShippedLink struct {
 // ErrInvalidManifest marks a manifest that cannot be trusted.
 var ErrInvalidManifest = errors.New("invalid shipped-units manifest")
 
-var hexDigest = regexp.MustCompile(`^[0-9a-f]{64}$`)
+var hexDigest = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9a-f]{64}$`) })
 
 // ParseManifest parses and checks a manifest: clean absolute paths under
 // /etc/systemd/system or /usr/lib/systemd/system, lowercase sha256 digests,
@@ -152,7 +153,7 @@ func ParseManifest(b []byte) (Manifest, error) {
 			if err := check(f.Path, "file"); err != nil {
 				return Manifest{}, err
 			}
-			if !hexDigest.MatchString(f.SHA256) {
+			if !hexDigest().MatchString(f.SHA256) {
 				return Manifest{}, fmt.Errorf("%w: %s %s: sha256 %q", ErrInvalidManifest, r.Release, f.Path, f.SHA256)
 			}
 		}

@@ -25,6 +25,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -338,8 +339,8 @@ func (o Options) list(ctx context.Context, refs []string) (map[string]Listed, er
 
 var (
 	checkHeader    = []string{"REF", "TYPE", "DIGEST", "STATUS", "SIZE", "UNPACKED"}
-	manifestDigest = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
-	checkCount     = regexp.MustCompile(`^\(([0-9]+)/([0-9]+)\)$`)
+	manifestDigest = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^sha256:[0-9a-f]{64}$`) })
+	checkCount     = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^\(([0-9]+)/([0-9]+)\)$`) })
 )
 
 // parseCheck reads `ctr images check` output (containerd 1.6: a header, then
@@ -368,7 +369,7 @@ func parseCheck(s string, refs []string) (map[string]Listed, error) {
 			return nil, fmt.Errorf("lists %q, not asked for", runner.Sanitize(ref, 200))
 		case dup:
 			return nil, fmt.Errorf("lists %s twice", ref)
-		case !manifestDigest.MatchString(digest):
+		case !manifestDigest().MatchString(digest):
 			return nil, fmt.Errorf("%s: digest %q", ref, runner.Sanitize(digest, 100))
 		case unpacked != "true" && unpacked != "false":
 			return nil, fmt.Errorf("unexpected line %q", runner.Sanitize(line, 200))
@@ -376,7 +377,7 @@ func parseCheck(s string, refs []string) (map[string]Listed, error) {
 		complete := false
 		switch status {
 		case "complete":
-			m := checkCount.FindStringSubmatch(f[4])
+			m := checkCount().FindStringSubmatch(f[4])
 			if m == nil {
 				return nil, fmt.Errorf("unexpected line %q", runner.Sanitize(line, 200))
 			}

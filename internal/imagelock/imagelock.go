@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 
 	"sigs.k8s.io/yaml"
 )
@@ -38,11 +39,13 @@ type Image struct {
 }
 
 var (
-	hexDigest      = regexp.MustCompile(`^[0-9a-f]{64}$`)
-	manifestDigest = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+	hexDigest      = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9a-f]{64}$`) })
+	manifestDigest = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^sha256:[0-9a-f]{64}$`) })
 	// A registry/path:tag reference as kubeadm writes them.
-	refRE  = regexp.MustCompile(`^[a-z0-9]+([._-][a-z0-9]+)*(\.[a-z0-9-]+)+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
-	fileRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*\.tar$`)
+	refRE = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^[a-z0-9]+([._-][a-z0-9]+)*(\.[a-z0-9-]+)+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+	})
+	fileRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*\.tar$`) })
 )
 
 // Parse parses and checks a lock file: at least one image, exact tagged
@@ -58,16 +61,16 @@ func Parse(b []byte) (Lock, error) {
 	}
 	refs, files := map[string]bool{}, map[string]bool{}
 	for i, im := range l.Images {
-		if !refRE.MatchString(im.Ref) || strings.Contains(im.Ref, "@") {
+		if !refRE().MatchString(im.Ref) || strings.Contains(im.Ref, "@") {
 			return Lock{}, fmt.Errorf("%w: image %d: reference %q is not an exact registry/name:tag", ErrInvalid, i, im.Ref)
 		}
-		if !fileRE.MatchString(im.File) || strings.Contains(im.File, "..") {
+		if !fileRE().MatchString(im.File) || strings.Contains(im.File, "..") {
 			return Lock{}, fmt.Errorf("%w: %s: file %q is not a plain .tar name", ErrInvalid, im.Ref, im.File)
 		}
-		if !hexDigest.MatchString(im.SHA256) {
+		if !hexDigest().MatchString(im.SHA256) {
 			return Lock{}, fmt.Errorf("%w: %s: sha256 %q", ErrInvalid, im.Ref, im.SHA256)
 		}
-		if im.Manifest != "" && !manifestDigest.MatchString(im.Manifest) {
+		if im.Manifest != "" && !manifestDigest().MatchString(im.Manifest) {
 			return Lock{}, fmt.Errorf("%w: %s: manifest %q is not sha256:<64 hex>", ErrInvalid, im.Ref, im.Manifest)
 		}
 		if im.Size <= 0 {

@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/types"
@@ -147,7 +148,7 @@ func (p Plan) RestoreArgs(root paths.Root) []string {
 		"--bump-revision", BumpRevision, "--mark-compacted"}
 }
 
-var tokenRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var tokenRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`) })
 
 // Decide is the decision: a plan, or every refusal joined.
 func Decide(f Facts, r Request) (Plan, error) {
@@ -212,7 +213,7 @@ func Decide(f Facts, r Request) (Plan, error) {
 		p.InitialCluster, p.Members, p.Notes = ic, names, notes
 	}
 	switch {
-	case !tokenRE.MatchString(r.Token):
+	case !tokenRE().MatchString(r.Token):
 		refuse(ErrClusterToken, "%q is not a token: 1-128 letters, digits, '.', '_' or '-'", r.Token)
 	case r.Token == m.OldToken:
 		refuse(ErrClusterToken, "%q is the token the old cluster ran with: a restored cluster needs a new one (give none on the first member and one is made)", r.Token)

@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 
 	sdk "github.com/kairos-io/kairos-sdk/clusterplugin"
 	yaml3 "gopkg.in/yaml.v3"
@@ -247,11 +248,11 @@ func kind(n *yaml3.Node) string {
 // safeKeyRE is what a key may look like to be named in an error: short,
 // letters and separators only. A key that could be a secret (the token
 // pasted one line off) is named by position only.
-var safeKeyRE = regexp.MustCompile(`^[A-Za-z][A-Za-z._-]{0,47}$`)
+var safeKeyRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z][A-Za-z._-]{0,47}$`) })
 
 // SafeKey is a key as an error may name it.
 func SafeKey(k string) string {
-	if safeKeyRE.MatchString(k) {
+	if safeKeyRE().MatchString(k) {
 		return k
 	}
 	return "a key that is not a plain name (not shown)"
@@ -286,21 +287,21 @@ func (k *Kubeadm) Pin() (string, error) {
 // quoted matches what YAML and JSON errors quote of the input (in
 // backquotes, quotes or, for a bad map key, after "invalid map key:"): a
 // value there may be the token, so it is never repeated.
-var quoted = regexp.MustCompile("`[^`]*`|'[^']*'|\"[^\"]*\"|invalid map key:.*")
+var quoted = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile("`[^`]*`|'[^']*'|\"[^\"]*\"|invalid map key:.*") })
 
 // unknownField is a strict decoder's complaint about a key: the key is
 // named when it is a plain name (SafeKey).
-var unknownField = regexp.MustCompile(`unknown field "([^"]*)"`)
+var unknownField = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`unknown field "([^"]*)"`) })
 
 // RedactYAMLError is a parser's error on one line without any of the
 // input it quotes, bounded.
 func RedactYAMLError(err error) string {
 	var parts []string
 	for _, l := range strings.Split(err.Error(), "\n") {
-		l = unknownField.ReplaceAllStringFunc(l, func(m string) string {
-			return "unknown key " + SafeKey(unknownField.FindStringSubmatch(m)[1])
+		l = unknownField().ReplaceAllStringFunc(l, func(m string) string {
+			return "unknown key " + SafeKey(unknownField().FindStringSubmatch(m)[1])
 		})
-		if l = strings.TrimSpace(quoted.ReplaceAllString(l, "<value>")); l != "" {
+		if l = strings.TrimSpace(quoted().ReplaceAllString(l, "<value>")); l != "" {
 			parts = append(parts, l)
 		}
 	}

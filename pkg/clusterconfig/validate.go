@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
@@ -40,19 +41,19 @@ const (
 const DefaultAPIPort = "6443"
 
 var (
-	bootstrapTokenRE = regexp.MustCompile(`^[a-z0-9]{6}\.[a-z0-9]{16}$`)
-	caHashRE         = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
-	certKeyRE        = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	bootstrapTokenRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]{6}\.[a-z0-9]{16}$`) })
+	caHashRE         = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^sha256:[0-9a-f]{64}$`) })
+	certKeyRE        = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9a-f]{64}$`) })
 )
 
 // ValidBootstrapToken reports whether s has kubeadm's bootstrap token form.
-func ValidBootstrapToken(s string) bool { return bootstrapTokenRE.MatchString(s) }
+func ValidBootstrapToken(s string) bool { return bootstrapTokenRE().MatchString(s) }
 
 // ValidCAHash reports whether s is "sha256:" and 64 lowercase hex digits.
-func ValidCAHash(s string) bool { return caHashRE.MatchString(s) }
+func ValidCAHash(s string) bool { return caHashRE().MatchString(s) }
 
 // ValidCertificateKey reports whether s is 32 bytes in lowercase hex (AES-256).
-func ValidCertificateKey(s string) bool { return certKeyRE.MatchString(s) }
+func ValidCertificateKey(s string) bool { return certKeyRE().MatchString(s) }
 
 // documents: key in the config string → the apiVersion and kind kubeadm expects.
 var documents = []struct{ key, apiVersion, kind string }{
