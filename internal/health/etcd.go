@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"strings"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
+	"github.com/kairos-io/provider-kubernetes/internal/etcdclient"
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 )
 
@@ -43,20 +41,14 @@ func EtcdTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 // EtcdMembers is one attempt: through seed, list the members; every member
 // must be started and answer Status on a client URL, and no alarm may be raised.
 func EtcdMembers(ctx context.Context, seed string, tlsCfg *tls.Config) error {
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: []string{seed}, TLS: tlsCfg, Context: ctx, Logger: zap.NewNop(),
-		DialTimeout: DefaultAttempt,
-	})
-	if err != nil {
-		return fmt.Errorf("etcd client for %s: %w", seed, err)
-	}
+	cli := etcdclient.New(seed, tlsCfg, DefaultAttempt)
 	defer cli.Close()
-	ml, err := cli.MemberList(ctx)
+	members, err := cli.MemberList(ctx, false)
 	if err != nil {
 		return fmt.Errorf("etcd member list via %s: %w", seed, err)
 	}
 	var bad []string
-	for _, m := range ml.Members {
+	for _, m := range members {
 		name := m.Name
 		if name == "" {
 			name = fmt.Sprintf("%x", m.ID)
@@ -76,8 +68,8 @@ func EtcdMembers(ctx context.Context, seed string, tlsCfg *tls.Config) error {
 	if err != nil {
 		return fmt.Errorf("etcd alarm list: %w", err)
 	}
-	if len(al.Alarms) > 0 {
-		return fmt.Errorf("etcd alarm raised: %v", al.Alarms[0].Alarm)
+	if len(al) > 0 {
+		return fmt.Errorf("etcd alarm raised: %v", al[0].Type)
 	}
 	return nil
 }
