@@ -1,0 +1,59 @@
+package etcdsnap
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+)
+
+// A .part a crashed attempt left (etcdctl's output before it was verified:
+// it never counted) is removed by the next attempt before it saves, so a
+// full dump that was never verified does not stay on the node; the new
+// snapshot is taken and is the only file left.
+func TestStalePartIsRemovedBeforeASave(t *testing.T) {
+	testutil.RequireRoot(t)
+	f := newFixture(t)
+	f.etcd.PutKeys("/registry/a/", 20, 100)
+
+	// A first snapshot makes the directory as the step makes it.
+	if r := f.take(version.MustParse("v1.36.3")); r.Outcome != Taken {
+		t.Fatalf("%s %s", r.Outcome, r.Reason)
+	}
+	dir := f.node.Path(paths.EtcdBackupDir)
+	first := f.snapshots()
+	if len(first) != 1 {
+		t.Fatalf("backup dir holds %q", first)
+	}
+	// What a kill during an earlier attempt at v1.37 left: the .part under
+	// an earlier time, and etcdctl's own temporary name next to it.
+	id := first[0][len("etcd-") : len("etcd-")+16]
+	stale := []string{
+		"etcd-" + id + "-v1.37-20261129T080000Z.db.part",
+		"etcd-" + id + "-v1.37-20261129T080000Z.db.part.part",
+	}
+	for _, name := range stale {
+		write(t, filepath.Join(dir, name), []byte("half of a database"), 0o600, 0)
+	}
+
+	r := f.take(v1372)
+	if r.Outcome != Taken {
+		t.Fatalf("%s %s", r.Outcome, r.Reason)
+	}
+	got := f.snapshots()
+	for _, name := range stale {
+		if slices.Contains(got, name) {
+			t.Fatalf("the stale %s is still there: backup dir holds %q", name, got)
+		}
+		if _, err := os.Lstat(filepath.Join(dir, name)); !os.IsNotExist(err) {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	if want := []string{filepath.Base(r.Path)}; !slices.Equal(got, want) {
+		t.Fatalf("backup dir holds %q, want only %q", got, want)
+	}
+}
