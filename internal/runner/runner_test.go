@@ -97,6 +97,14 @@ func TestSanitize(t *testing.T) {
 		"certificateKey: 0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9":                      "0a1b2c3d4e5f",
 		"-----BEGIN EC PRIVATE KEY----- MHcCAQEEIB":                                                             "MHcCAQEEIB",
 		"--certificate-key=deadbeef --key /etc/kubernetes/pki/x.key":                                            "deadbeef",
+		// Each pattern alone: a bare bootstrap token, a bare long hex key, a
+		// bare base64 run, a secret flag's value after a space and a
+		// secret-bearing key without a flag.
+		"error: bootstrap token abcdef.0123456789abcdef is not valid":           "0123456789abcdef",
+		"uploaded under 0a1b2c3d4e5f60718293a4b5c6d7e8f9":                       "0a1b2c3d4e5f",
+		"login --password s3cretvalue":                                          "s3cretvalue",
+		"data MHcCAQEEIBkFsZ3pKx9q7Wm2vT8rLnYc4dHeGf6uJiOpQwErTyUAoAoGCCqGSM49": "MHcCAQEEIBkFsZ3pKx9q",
+		`{"password": "hunter2-is-not-hex"}`:                                    "hunter2",
 	} {
 		out := Sanitize(in, 500)
 		if strings.Contains(out, banned) || strings.Contains(out, "\n") {
