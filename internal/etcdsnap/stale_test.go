@@ -1,12 +1,16 @@
 package etcdsnap
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
@@ -56,4 +60,42 @@ func TestStalePartIsRemovedBeforeASave(t *testing.T) {
 	if want := []string{filepath.Base(r.Path)}; !slices.Equal(got, want) {
 		t.Fatalf("backup dir holds %q, want only %q", got, want)
 	}
+}
+
+// The etcd-snapshot command hands the step no deadline: the attempt is
+// still bounded at two minutes (upgrades.md: "It is bounded at two
+// minutes"), which etcdctl's own budget shows.
+func TestAttemptWithoutADeadlineIsBoundedAtTwoMinutes(t *testing.T) {
+	testutil.RequireRoot(t)
+	f := newFixture(t)
+	f.etcd.PutKeys("/registry/a/", 5, 100)
+	o := f.opts()
+	o.Total = 0 // as the command calls it: the context's deadline, else the default
+	r := Take(context.Background(), o, v1372)
+	if r.Outcome != Taken {
+		t.Fatalf("%s %s", r.Outcome, r.Reason)
+	}
+	var save *runner.Cmd
+	for i, c := range f.run.cmds {
+		if c.Path == paths.Etcdctl {
+			save = &f.run.cmds[i]
+		}
+	}
+	if save == nil {
+		t.Fatalf("etcdctl never ran: %q", f.run.paths())
+	}
+	const bound = 2 * time.Minute
+	if save.Timeout <= 0 || save.Timeout > bound {
+		t.Fatalf("etcdctl's budget %s, want within the attempt's %s", save.Timeout, bound)
+	}
+	for _, a := range save.Args {
+		if s, ok := strings.CutPrefix(a, "--command-timeout="); ok {
+			d, err := time.ParseDuration(s)
+			if err != nil || d <= 0 || d > bound {
+				t.Fatalf("etcdctl %s, want within %s", a, bound)
+			}
+			return
+		}
+	}
+	t.Fatalf("etcdctl without --command-timeout: %q", save.Args)
 }
