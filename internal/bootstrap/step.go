@@ -17,9 +17,8 @@ import (
 	"slices"
 	"time"
 
-	"k8s.io/client-go/tools/clientcmd"
-
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/kube"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
@@ -261,13 +260,13 @@ func clusterInfoCA(ctx context.Context, endpoint string, pins []string) (*x509.C
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&cm); err != nil {
 		return nil, fmt.Errorf("kube-public/cluster-info: %w", err)
 	}
-	kc, err := clientcmd.Load([]byte(cm.Data["kubeconfig"]))
+	cas, err := kube.ClusterCAData([]byte(cm.Data["kubeconfig"]))
 	if err != nil {
 		return nil, fmt.Errorf("kube-public/cluster-info kubeconfig: %w", err)
 	}
 	var certs []*x509.Certificate
-	for _, cl := range kc.Clusters {
-		cs, err := parseCerts(cl.CertificateAuthorityData)
+	for _, ca := range cas {
+		cs, err := parseCerts(ca)
 		if err != nil {
 			return nil, fmt.Errorf("kube-public/cluster-info CA: %w", err)
 		}

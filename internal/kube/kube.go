@@ -3,37 +3,30 @@
 // workloads, Events, bootstrap-token Secrets. Kubeconfigs are read under the
 // root, with their file paths re-based there too.
 //
-// Requests go through client-go's generic REST client (its transport, TLS,
-// credentials, retries and error types, as the typed clientset uses them)
-// with a scheme of the meta types alone, and answers are decoded into the
-// few fields the provider reads. The typed clientset is not linked: its
-// scheme of every API group is most of what the process spent starting,
-// on every boot, converged or not.
+// It is a lean client over net/http that does what client-go's REST
+// client does for these calls (kubeconfig resolution and checks, TLS,
+// credentials including exec plugins, the "timeout" parameter, retries
+// after Retry-After, Status errors and NotFound), decoding only the fields
+// the provider reads. client-go is not linked: its packages' init and size
+// were most of what every provider process spent starting, on every boot,
+// converged or not.
 package kube
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
@@ -42,30 +35,22 @@ import (
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
+// userAgent is what every request says it comes from.
+const userAgent = "provider-kubernetes"
+
 // Client talks to one apiserver, and says where its kubeconfig came from.
 type Client struct {
 	Kubeconfig string // host path
 	NodeName   string // from the kubeconfig's client certificate, if it is a node's
 	Server     string // the API server URL the kubeconfig points at
-	rest       *rest.Config
-	core       *rest.RESTClient // /api/v1
-	apps       *rest.RESTClient // /apis/apps/v1
+	conn       *conn
+	timeout    time.Duration // each call's bound
+	hc         *http.Client
+	exec       *execPlugin // the kubeconfig's credential plugin, if any
 }
 
 // ErrNoKubeconfig is returned when neither kubelet.conf nor admin.conf exists.
 var ErrNoKubeconfig = errors.New("no kubeconfig: neither kubelet.conf nor admin.conf is readable")
-
-// IsNotFound reports an apiserver's answer that the object does not exist.
-func IsNotFound(err error) bool { return apierrors.IsNotFound(err) }
-
-// codecs is what the REST client needs to encode options and decode an
-// apiserver's Status (every error answer): the meta types, registered as
-// client-go's own scheme registers them, and no API group.
-var codecs = sync.OnceValue(func() serializer.CodecFactory {
-	s := runtime.NewScheme()
-	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
-	return serializer.NewCodecFactory(s)
-})
 
 // Load builds a client from the first readable kubeconfig (host paths under
 // root). The per-request timeout bounds every call made through it.
@@ -86,94 +71,70 @@ func load(root paths.Root, kc string, timeout time.Duration) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", kc, err)
 	}
-	cfg, err := clientcmd.Load(b)
+	cfg, err := parseKubeconfig(b)
 	if err != nil {
 		return nil, fmt.Errorf("parse %s: %w", kc, err)
 	}
 	if err := inline(root, cfg); err != nil {
 		return nil, fmt.Errorf("%s: %w", kc, err)
 	}
-	rc, err := clientcmd.NewDefaultClientConfig(*cfg, &clientcmd.ConfigOverrides{}).ClientConfig()
+	cn, err := cfg.resolve()
 	if err != nil {
 		return nil, fmt.Errorf("client config %s: %w", kc, err)
 	}
-	rc.Timeout = timeout
-	rc.UserAgent = "provider-kubernetes"
-	// Every call is already paced by a bounded poll (at most one per 2 s);
-	// no client-side rate limiter on top.
-	rc.QPS = -1
-	// JSON both ways: every apiserver speaks it, and so does the test API.
-	rc.ContentType, rc.AcceptContentTypes = "application/json", "application/json"
-	c, err := forConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("client %s: %w", kc, err)
-	}
-	c.Kubeconfig, c.NodeName = kc, nodeName(rc)
+	c := forConn(cn, timeout)
+	c.Kubeconfig, c.NodeName = kc, nodeName(cn.user.ClientCertificateData)
 	return c, nil
 }
 
-// forConfig makes the core and apps REST clients of rc, sharing one
-// HTTP client (one connection).
-func forConfig(rc *rest.Config) (*Client, error) {
-	hc, err := rest.HTTPClientFor(rc)
-	if err != nil {
-		return nil, err
+// forConn is a client over its own transport (one connection per server).
+func forConn(cn *conn, timeout time.Duration) *Client {
+	c := &Client{Server: cn.host, conn: cn, timeout: timeout}
+	if cn.user.Exec != nil {
+		c.exec = &execPlugin{cfg: cn.user.Exec, cluster: cn.cluster, server: cn.host}
+		if cn.tls != nil && len(cn.tls.Certificates) == 0 {
+			cn.tls.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+				_, cert, err := c.exec.credentials()
+				if err != nil || cert == nil {
+					return &tls.Certificate{}, err
+				}
+				return cert, nil
+			}
+		}
 	}
-	mk := func(apiPath string, gv schema.GroupVersion) (*rest.RESTClient, error) {
-		cfg := rest.CopyConfig(rc)
-		cfg.APIPath, cfg.GroupVersion = apiPath, &gv
-		cfg.NegotiatedSerializer = codecs().WithoutConversion()
-		return rest.RESTClientForConfigAndClient(cfg, hc)
-	}
-	core, err := mk("/api", schema.GroupVersion{Version: "v1"})
-	if err != nil {
-		return nil, err
-	}
-	apps, err := mk("/apis", schema.GroupVersion{Group: "apps", Version: "v1"})
-	if err != nil {
-		return nil, err
-	}
-	return &Client{Server: rc.Host, rest: rc, core: core, apps: apps}, nil
+	c.hc = &http.Client{Transport: cn.transport(), Timeout: timeout}
+	return c
 }
 
 // At is a client for the apiserver at addr ("host:port") with the same
 // credentials and trust: each apiserver of an HA control plane answers for
 // itself, where the kubeconfig's server may be any of them (the endpoint).
 func (c *Client) At(addr string) (*Client, error) {
-	if c.rest == nil {
-		return nil, errors.New("client has no rest config")
+	if c.conn == nil {
+		return nil, errors.New("client has no connection config")
 	}
-	rc := rest.CopyConfig(c.rest)
-	rc.Host = "https://" + addr
-	out, err := forConfig(rc)
+	cn := *c.conn
+	cn.host = "https://" + addr
+	base, err := serverURL(cn.host)
 	if err != nil {
 		return nil, fmt.Errorf("client for %s: %w", addr, err)
+	}
+	cn.base = base
+	if cn.tls != nil {
+		cn.tls = cn.tls.Clone()
+	} else if cn.tls, err = tlsConfig(cn.cluster, cn.user); err != nil {
+		return nil, fmt.Errorf("client for %s: %w", addr, err)
+	}
+	out := forConn(&cn, c.timeout)
+	if c.exec != nil {
+		out.exec = c.exec // one plugin run per process
 	}
 	out.Kubeconfig, out.NodeName = c.Kubeconfig, c.NodeName
 	return out, nil
 }
 
-// into decodes a successful answer into out: field names matched
-// case-sensitively, as client-go's JSON serializer does.
-func into(r rest.Result, out any) error {
-	if err := r.Error(); err != nil {
-		return err
-	}
-	body, _ := r.Raw()
-	if len(body) == 0 {
-		return errors.New("empty answer")
-	}
-	return kjson.UnmarshalCaseSensitivePreserveInts(body, out)
-}
-
-// get reads the named object of a resource (namespace "" for a cluster
-// resource) into out.
-func get(ctx context.Context, rc *rest.RESTClient, namespace, resource, name string, out any) error {
-	req := rc.Get().Resource(resource).Name(name)
-	if namespace != "" {
-		req = req.Namespace(namespace)
-	}
-	return into(req.Do(ctx), out)
+func unmarshalCaseSensitive(b []byte, out any) error {
+	return kjson.UnmarshalCaseSensitivePreserveInts(b, out)
 }
 
 // ConfigMapData reads a ConfigMap's data.
@@ -181,7 +142,7 @@ func (c *Client) ConfigMapData(ctx context.Context, namespace, name string) (map
 	var cm struct {
 		Data map[string]string `json:"data"`
 	}
-	if err := get(ctx, c.core, namespace, "configmaps", name, &cm); err != nil {
+	if err := c.get(ctx, "", namespace, "configmaps", name, &cm); err != nil {
 		return nil, err
 	}
 	return cm.Data, nil
@@ -194,12 +155,36 @@ func (c *Client) Create(ctx context.Context, namespace, resource string, obj any
 	if err != nil {
 		return err
 	}
-	return c.core.Post().Namespace(namespace).Resource(resource).SetHeader("Content-Type", "application/json").Body(body).Do(ctx).Error()
+	b, err := c.do(ctx, request{verb: http.MethodPost, path: objectPath("", namespace, resource, ""), body: body,
+		contentType: "application/json", resource: resource, timeout: c.timeout})
+	if err != nil {
+		return err
+	}
+	return statusInBody(b)
 }
 
 // Delete deletes a named object of a namespaced core resource.
 func (c *Client) Delete(ctx context.Context, namespace, resource, name string) error {
-	return c.core.Delete().Namespace(namespace).Resource(resource).Name(name).Body(&metav1.DeleteOptions{}).Do(ctx).Error()
+	_, err := c.do(ctx, request{verb: http.MethodDelete, path: objectPath("", namespace, resource, name),
+		body: []byte(`{"kind":"DeleteOptions","apiVersion":"v1"}` + "\n"), contentType: "application/json",
+		resource: resource, name: name, timeout: c.timeout})
+	return err
+}
+
+// statusInBody is the failure a successful answer may still carry: a
+// Status that is not Success, where an object was expected.
+func statusInBody(b []byte) error {
+	var st struct {
+		Kind    string `json:"kind"`
+		Status  string `json:"status"`
+		Message string `json:"message"`
+		Reason  string `json:"reason"`
+		Code    int32  `json:"code"`
+	}
+	if len(b) == 0 || unmarshalCaseSensitive(b, &st) != nil || st.Kind != "Status" || st.Status == "Success" {
+		return nil
+	}
+	return &StatusError{Code: st.Code, Reason: st.Reason, Message: st.Message}
 }
 
 // APIServers lists the address of every apiserver in the endpoints of the
@@ -219,7 +204,7 @@ func (c *Client) APIServers(ctx context.Context) ([]string, error) {
 			} `json:"ports"`
 		} `json:"subsets"`
 	}
-	if err := get(ctx, c.core, "default", "endpoints", "kubernetes", &ep); err != nil {
+	if err := c.get(ctx, "", "default", "endpoints", "kubernetes", &ep); err != nil {
 		return nil, fmt.Errorf("get default/kubernetes endpoints via %s: %w", c.Kubeconfig, err)
 	}
 	var out []string
@@ -244,7 +229,7 @@ func (c *Client) APIServers(ctx context.Context) ([]string, error) {
 // ServerVersion is the version the apiserver this client talks to serves
 // (/version, readable by any authenticated client).
 func (c *Client) ServerVersion(ctx context.Context) (version.Version, error) {
-	body, err := c.core.Get().AbsPath("/version").DoRaw(ctx)
+	body, err := c.do(ctx, request{verb: http.MethodGet, path: "/version", timeout: c.timeout})
 	if err != nil {
 		return version.Version{}, fmt.Errorf("/version of %s: %w", c.Server, err)
 	}
@@ -268,7 +253,7 @@ func (c *Client) ServerVersion(ctx context.Context) (version.Version, error) {
 // link followed is the kubelet's own rotation link
 // (kubelet-client-current.pem -> kubelet-client-<time>.pem, in its
 // root-owned pki directory): fsutil.ReadFileRotated.
-func inline(root paths.Root, cfg *clientcmdapi.Config) error {
+func inline(root paths.Root, cfg *kubeconfig) error {
 	read := func(p string) ([]byte, error) {
 		if !strings.HasPrefix(p, "/") {
 			return nil, fmt.Errorf("%q is not an absolute path", p)
@@ -280,7 +265,8 @@ func inline(root paths.Root, cfg *clientcmdapi.Config) error {
 		return b, nil
 	}
 	var err error
-	for _, c := range cfg.Clusters {
+	for i := range cfg.Clusters {
+		c := &cfg.Clusters[i].Cluster
 		if c.CertificateAuthority != "" {
 			if c.CertificateAuthorityData, err = read(c.CertificateAuthority); err != nil {
 				return err
@@ -288,7 +274,8 @@ func inline(root paths.Root, cfg *clientcmdapi.Config) error {
 			c.CertificateAuthority = ""
 		}
 	}
-	for _, a := range cfg.AuthInfos {
+	for i := range cfg.AuthInfos {
+		a := &cfg.AuthInfos[i].AuthInfo
 		if a.ClientCertificate != "" {
 			if a.ClientCertificateData, err = read(a.ClientCertificate); err != nil {
 				return err
@@ -313,8 +300,7 @@ func inline(root paths.Root, cfg *clientcmdapi.Config) error {
 }
 
 // nodeName is the CN of a node client certificate ("system:node:NAME").
-func nodeName(rc *rest.Config) string {
-	data := rc.TLSClientConfig.CertData
+func nodeName(data []byte) string {
 	for len(data) > 0 {
 		var blk *pem.Block
 		blk, data = pem.Decode(data)
@@ -376,7 +362,7 @@ func (n NodeInfo) NoCNI() bool {
 
 // Readyz asks the apiserver this client talks to for /readyz.
 func (c *Client) Readyz(ctx context.Context) error {
-	body, err := c.core.Get().AbsPath("/readyz").DoRaw(ctx)
+	body, err := c.do(ctx, request{verb: http.MethodGet, path: "/readyz", timeout: c.timeout, keepBody: true})
 	if err != nil {
 		return fmt.Errorf("/readyz via %s: %w (%s)", c.Kubeconfig, err, strings.TrimSpace(string(body)))
 	}
@@ -412,7 +398,7 @@ func (c *Client) Pod(ctx context.Context, namespace, name string) (PodInfo, erro
 			} `json:"containerStatuses"`
 		} `json:"status"`
 	}
-	if err := get(ctx, c.core, namespace, "pods", name, &p); err != nil {
+	if err := c.get(ctx, "", namespace, "pods", name, &p); err != nil {
 		return PodInfo{}, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
 	}
 	if len(p.Spec.Containers) == 0 {
@@ -435,8 +421,12 @@ func (c *Client) Annotate(ctx context.Context, node string, annotations map[stri
 	if err != nil {
 		return err
 	}
-	err = c.core.Patch(types.MergePatchType).Resource("nodes").Name(node).
-		Param("fieldManager", "provider-kubernetes").Body(patch).Do(ctx).Error()
+	b, err := c.do(ctx, request{verb: http.MethodPatch, path: objectPath("", "", "nodes", node),
+		query: map[string][]string{"fieldManager": {"provider-kubernetes"}}, body: patch,
+		contentType: "application/merge-patch+json", resource: "nodes", name: node, timeout: c.timeout})
+	if err == nil {
+		err = statusInBody(b)
+	}
 	if err != nil {
 		return fmt.Errorf("annotate node %s: %w", node, err)
 	}
@@ -512,7 +502,7 @@ type event struct {
 func (c *Client) NodeEvent(ctx context.Context, nodeName, eventType, reason, message string, now time.Time) error {
 	var n node
 	uid := ""
-	if get(ctx, c.core, "", "nodes", nodeName, &n) == nil {
+	if c.get(ctx, "", "", "nodes", nodeName, &n) == nil {
 		uid = n.Metadata.UID
 	}
 	t := now.UTC().Format(time.RFC3339) // metav1.Time: seconds, UTC
@@ -541,14 +531,21 @@ type NodeRecord struct {
 func (c *Client) listNodes(ctx context.Context, selector string) ([]node, error) {
 	// As the typed client lists: no server-side timeout parameter, and
 	// the HTTP client's timeout alone bounds it.
-	req := c.core.Get().Resource("nodes").Timeout(0)
+	r := request{verb: http.MethodGet, path: objectPath("", "", "nodes", ""), resource: "nodes"}
 	if selector != "" {
-		req = req.Param("labelSelector", selector)
+		r.query = map[string][]string{"labelSelector": {selector}}
+	}
+	b, err := c.do(ctx, r)
+	if err == nil {
+		err = statusInBody(b)
 	}
 	var l struct {
 		Items []node `json:"items"`
 	}
-	if err := into(req.Do(ctx), &l); err != nil {
+	if err == nil {
+		err = decode(b, &l)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return l.Items, nil
@@ -643,7 +640,7 @@ type workload struct {
 // DaemonSet reads a DaemonSet's first container image and rollout.
 func (c *Client) DaemonSet(ctx context.Context, namespace, name string) (Rollout, error) {
 	var d workload
-	if err := get(ctx, c.apps, namespace, "daemonsets", name, &d); err != nil {
+	if err := c.get(ctx, "apps", namespace, "daemonsets", name, &d); err != nil {
 		return Rollout{}, fmt.Errorf("get daemonset %s/%s: %w", namespace, name, err)
 	}
 	if len(d.Spec.Template.Spec.Containers) == 0 {
@@ -657,7 +654,7 @@ func (c *Client) DaemonSet(ctx context.Context, namespace, name string) (Rollout
 // Deployment reads a Deployment's first container image and rollout.
 func (c *Client) Deployment(ctx context.Context, namespace, name string) (Rollout, error) {
 	var d workload
-	if err := get(ctx, c.apps, namespace, "deployments", name, &d); err != nil {
+	if err := c.get(ctx, "apps", namespace, "deployments", name, &d); err != nil {
 		return Rollout{}, fmt.Errorf("get deployment %s/%s: %w", namespace, name, err)
 	}
 	if len(d.Spec.Template.Spec.Containers) == 0 {
@@ -678,7 +675,7 @@ func (c *Client) Node(ctx context.Context, name string) (NodeInfo, error) {
 		return NodeInfo{}, errors.New("node name unknown")
 	}
 	var n node
-	if err := get(ctx, c.core, "", "nodes", name, &n); err != nil {
+	if err := c.get(ctx, "", "", "nodes", name, &n); err != nil {
 		return NodeInfo{}, fmt.Errorf("get node %s: %w", name, err)
 	}
 	v, err := version.ParseReported(n.Status.NodeInfo.KubeletVersion)

@@ -2,12 +2,18 @@ package kube
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path"
+	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
@@ -27,7 +34,9 @@ import (
 // sent is one request as the server saw it.
 type sent struct {
 	Method, Path, Query, ContentType, Accept, UserAgent string
-	Body                                                any // decoded JSON, nulls dropped
+	Auth, ClientCN                                      string
+	Impersonate                                         string // every Impersonate-* header, sorted
+	Body                                                any    // decoded JSON, nulls dropped
 }
 
 // recorder answers every request with answer(path) and records it.
@@ -46,7 +55,19 @@ func (rc *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rc.mu.Lock()
-	rc.got = append(rc.got, sent{r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Get("Content-Type"), r.Header.Get("Accept"), r.Header.Get("User-Agent"), dropNulls(body)})
+	cn := ""
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		cn = r.TLS.PeerCertificates[0].Subject.CommonName
+	}
+	var imp []string
+	for k, vs := range r.Header {
+		if strings.HasPrefix(k, "Impersonate-") {
+			imp = append(imp, k+"="+strings.Join(vs, ","))
+		}
+	}
+	sort.Strings(imp)
+	rc.got = append(rc.got, sent{r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Get("Content-Type"), r.Header.Get("Accept"), r.Header.Get("User-Agent"),
+		r.Header.Get("Authorization"), cn, strings.Join(imp, ";"), dropNulls(body)})
 	rc.mu.Unlock()
 	code, ctype, obj := rc.answer(r)
 	w.Header().Set("Content-Type", ctype)
@@ -147,8 +168,7 @@ func TestSameRequestsAsTheClientset(t *testing.T) {
 		}
 		return 200, j, nodeObj
 	}}
-	srv := httptest.NewTLSServer(rec)
-	t.Cleanup(srv.Close)
+	srv := tlsServer(t, rec)
 
 	n := testutil.NewNode(t, "n1")
 	n.Write("/etc/kubernetes/ca.crt", string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})), 0o644)
@@ -170,10 +190,20 @@ users:
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs, err := kubernetes.NewForConfig(lean.rest)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The clientset on what the kubeconfig said, as the provider built it.
+	cs := typedFor(t, `apiVersion: v1
+kind: Config
+clusters:
+- cluster: {server: '`+srv.URL+`', certificate-authority-data: `+base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}))+`}
+  name: c
+contexts:
+- context: {cluster: c, user: u}
+  name: x
+current-context: x
+users:
+- name: u
+  user: {token: s3cret}
+`, 5*time.Second)
 	ctx := context.Background()
 	now := time.Date(2026, 11, 29, 11, 55, 0, 0, time.UTC)
 	get := metav1.GetOptions{}
@@ -315,5 +345,169 @@ users:
 	}
 	if got := rec.take(); len(got) != 1 || !strings.Contains(got[0].Query, "timeout=5s") || got[0].UserAgent != "provider-kubernetes" {
 		t.Errorf("At sent %+v", got)
+	}
+}
+
+// tlsServer serves h over TLS, asking for (not requiring) a client certificate.
+func tlsServer(t *testing.T, h http.Handler) *httptest.Server {
+	srv := httptest.NewUnstartedServer(h)
+	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// typedFor is the typed clientset the provider built from a kubeconfig
+// (files already inlined) before it dropped client-go.
+func typedFor(t *testing.T, kubeconfig string, timeout time.Duration) *kubernetes.Clientset {
+	t.Helper()
+	cfg, err := clientcmd.Load([]byte(kubeconfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clientcmd.NewDefaultClientConfig(*cfg, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Timeout = timeout
+	rc.UserAgent = "provider-kubernetes"
+	rc.QPS = -1
+	rc.ContentType, rc.AcceptContentTypes = "application/json", "application/json"
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// TestCredentialsAsClientGo: a client certificate, basic auth with
+// impersonation, an exec credential plugin, a server behind a path
+// prefix: each sends what client-go sent for the same kubeconfig.
+func TestCredentialsAsClientGo(t *testing.T) {
+	rec := &recorder{answer: func(r *http.Request) (int, string, any) {
+		if strings.HasSuffix(r.URL.Path, "/missing") {
+			return 404, "application/json", metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: "Failure", Reason: metav1.StatusReasonNotFound, Code: 404, Message: `nodes "missing" not found`}
+		}
+		return 200, "application/json", corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.37.2"}}}
+	}}
+	srv := tlsServer(t, rec)
+	ca := base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}))
+	cert, key := testutil.ClientCert(t, "system:node:n1")
+	plugin := filepath.Join(t.TempDir(), "plugin")
+	if err := os.WriteFile(plugin, []byte("#!/bin/sh\ncase \"$KUBERNETES_EXEC_INFO\" in *'\"server\":\"'"+srv.URL+"/prefix'\"'*) ;; *) exit 3;; esac\n"+
+		"echo '{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{\"token\":\"from-exec-'\"$EXTRA\"'\"}}'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kc := func(server, user string) string {
+		return "apiVersion: v1\nkind: Config\nclusters:\n- cluster: {server: '" + server + "', certificate-authority-data: " + ca + "}\n  name: c\n" +
+			"contexts:\n- context: {cluster: c, user: u}\n  name: x\ncurrent-context: x\nusers:\n- name: u\n  user: " + user + "\n"
+	}
+	for _, tc := range []struct{ name, kubeconfig string }{
+		{"client certificate", kc(srv.URL, "{client-certificate-data: "+base64.StdEncoding.EncodeToString(cert)+", client-key-data: "+base64.StdEncoding.EncodeToString(key)+"}")},
+		{"basic auth, impersonating", kc(srv.URL, "{username: admin, password: pw, as: someone, as-groups: [g1, g2], as-uid: u-1, as-user-extra: {scopes: [a, b]}}")},
+		{"exec plugin", kc(srv.URL+"/prefix", "{exec: {apiVersion: client.authentication.k8s.io/v1, command: "+plugin+", env: [{name: EXTRA, value: x}], provideClusterInfo: true, interactiveMode: Never}}")},
+		{"path prefix, token", kc(srv.URL+"/prefix/", "{token: t0k}")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := testutil.NewNode(t, "n1")
+			n.Write(paths.AdminConf, tc.kubeconfig, 0o600)
+			lean, err := Load(n.R(), 3*time.Second, paths.AdminConf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := typedFor(t, tc.kubeconfig, 3*time.Second)
+			ctx := context.Background()
+			for _, name := range []string{"n1", "missing"} {
+				_, lerr := lean.Node(ctx, name)
+				lgot := rec.take()
+				_, terr := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+				tgot := rec.take()
+				if !reflect.DeepEqual(lgot, tgot) || len(lgot) != 1 {
+					t.Errorf("%s: requests differ\nlean:  %+v\ntyped: %+v", name, lgot, tgot)
+				}
+				if (lerr == nil) != (terr == nil) || lerr != nil && !strings.Contains(lerr.Error(), terr.Error()) {
+					t.Errorf("%s: errors differ\nlean:  %v\ntyped: %v", name, lerr, terr)
+				}
+				if lgot != nil && lgot[0].Auth == "" && lgot[0].ClientCN == "" {
+					t.Errorf("%s: no credentials sent: %+v", name, lgot)
+				}
+			}
+			if tc.name == "client certificate" && lean.NodeName != "n1" {
+				t.Errorf("node name %q from the certificate", lean.NodeName)
+			}
+		})
+	}
+}
+
+// TestRetriesAsClientGo: a 429 or 5xx with a Retry-After is tried again,
+// up to client-go's ten retries, and so is a GET whose connection broke;
+// other refusals are not. Each case makes as many requests as client-go's
+// and ends in the same error.
+func TestRetriesAsClientGo(t *testing.T) {
+	var mu sync.Mutex
+	served := map[string]int{}
+	rec := &recorder{answer: func(r *http.Request) (int, string, any) {
+		mu.Lock()
+		served[r.URL.Path]++
+		n := served[r.URL.Path]
+		mu.Unlock()
+		busy := metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: "Failure", Reason: metav1.StatusReasonTooManyRequests, Code: 429, Message: "too many requests, please try again later"}
+		switch path.Base(r.URL.Path) {
+		case "busy-twice": // then fine
+			if n%3 != 0 {
+				return 429, "application/json", busy
+			}
+		case "busy-always":
+			return 429, "application/json", busy
+		case "down-no-retry-after":
+			return 503, "text/plain", "down"
+		}
+		return 200, "application/json", corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.37.2"}}}
+	}}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if path.Base(r.URL.Path) != "down-no-retry-after" && r.URL.Path != "/api/v1/nodes/n1" {
+			w.Header().Set("Retry-After", "0")
+		}
+		if path.Base(r.URL.Path) == "reset-once" {
+			mu.Lock()
+			served[r.URL.Path]++
+			first := served[r.URL.Path]%2 == 1
+			mu.Unlock()
+			if first { // the connection breaks under the GET
+				hj, _ := w.(http.Hijacker)
+				c, _, _ := hj.Hijack()
+				c.Close()
+				return
+			}
+		}
+		rec.ServeHTTP(w, r)
+	})
+	srv := httptest.NewUnstartedServer(h)
+	srv.EnableHTTP2 = false // a hijackable connection
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	ca := base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}))
+	kubeconfig := "apiVersion: v1\nkind: Config\nclusters:\n- cluster: {server: '" + srv.URL + "', certificate-authority-data: " + ca + "}\n  name: c\n" +
+		"contexts:\n- context: {cluster: c, user: u}\n  name: x\ncurrent-context: x\nusers:\n- name: u\n  user: {token: t}\n"
+	n := testutil.NewNode(t, "n1")
+	n.Write(paths.AdminConf, kubeconfig, 0o600)
+	lean, err := Load(n.R(), 20*time.Second, paths.AdminConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := typedFor(t, kubeconfig, 20*time.Second)
+	ctx := context.Background()
+	for _, name := range []string{"busy-twice", "busy-always", "down-no-retry-after", "reset-once"} {
+		_, lerr := lean.Node(ctx, name)
+		lgot := rec.take()
+		_, terr := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		tgot := rec.take()
+		if len(lgot) != len(tgot) || !reflect.DeepEqual(lgot, tgot) {
+			t.Errorf("%s: %d requests, client-go %d\nlean:  %+v\ntyped: %+v", name, len(lgot), len(tgot), lgot, tgot)
+		}
+		if (lerr == nil) != (terr == nil) || lerr != nil && !strings.Contains(lerr.Error(), terr.Error()) {
+			t.Errorf("%s: errors differ\nlean:  %v\ntyped: %v", name, lerr, terr)
+		}
+		t.Logf("%s: %d requests, %v", name, len(lgot), lerr)
 	}
 }
