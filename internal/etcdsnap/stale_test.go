@@ -2,6 +2,7 @@ package etcdsnap
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -98,4 +99,41 @@ func TestAttemptWithoutADeadlineIsBoundedAtTwoMinutes(t *testing.T) {
 		}
 	}
 	t.Fatalf("etcdctl without --command-timeout: %q", save.Args)
+}
+
+// etcdctlFails makes etcdctl fail with what a hostile or broken etcdctl
+// could print: key material, several lines, far more than a log line holds.
+type etcdctlFails struct {
+	inner runner.Runner
+	err   error
+}
+
+func (r etcdctlFails) Run(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+	if c.Path == paths.Etcdctl {
+		return runner.Result{}, r.err
+	}
+	return r.inner.Run(ctx, c)
+}
+
+// A failed attempt's reason is one sanitized line of at most 300 bytes
+// (README: "one line, sanitized, at most 300 bytes: no key material"),
+// in the result and in the outcome line, whatever the failure said.
+func TestFailedReasonIsOneBoundedSanitizedLine(t *testing.T) {
+	testutil.RequireRoot(t)
+	f := newFixture(t)
+	const key = "MHcCAQEEIBkFsZ3pKx9q7Wm2vT8rLnYc4dHeGf6uJiOpQwErTyUAoAoGCCqGSM49"
+	long := "snapshot failed\n" + strings.Repeat("and more detail ", 100) + "\n-----BEGIN EC PRIVATE KEY-----\n" + key + "\n-----END EC PRIVATE KEY-----\n"
+	o := f.opts()
+	o.Runner = etcdctlFails{inner: f.run, err: errors.New(long)}
+	r := Take(context.Background(), o, v1372)
+	if r.Outcome != Failed {
+		t.Fatalf("%s %s", r.Outcome, r.Reason)
+	}
+	if len(r.Reason) > 303 || strings.ContainsAny(r.Reason, "\n\r") || strings.Contains(r.Reason, key[:20]) || strings.Contains(r.Reason, "BEGIN") {
+		t.Fatalf("reason (%d bytes) is not one sanitized line of at most 300 bytes: %q", len(r.Reason), r.Reason)
+	}
+	line := f.oneLine(1, Failed, "reason=")
+	if strings.Contains(line, key[:20]) || len(line) > 600 {
+		t.Fatalf("the outcome line carries the failure unbounded: %q", line)
+	}
 }
