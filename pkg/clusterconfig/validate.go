@@ -278,7 +278,7 @@ func (k *Kubeadm) validate() error {
 			if !isMap {
 				return bad("joinConfiguration.discovery must be a map")
 			}
-			if _, ok := disc["file"]; ok {
+			if _, ok := lookupFold(disc, "file"); ok {
 				return bad("joinConfiguration.discovery.file is not supported: the provider joins with bootstrap token discovery pinned by caCertHashes")
 			}
 			if err := checkToken(disc["tlsBootstrapToken"], "joinConfiguration.discovery.tlsBootstrapToken", false); err != nil {
@@ -289,7 +289,7 @@ func (k *Kubeadm) validate() error {
 				if !isMap {
 					return bad("joinConfiguration.discovery.bootstrapToken must be a map")
 				}
-				if skip, ok := bt["unsafeSkipCAVerification"]; ok && skip != false {
+				if skip, ok := lookupFold(bt, "unsafeSkipCAVerification"); ok && skip != false {
 					return bad("joinConfiguration.discovery.bootstrapToken.unsafeSkipCAVerification must not be set: the provider never joins without pinning the cluster CA")
 				}
 				if err := checkToken(bt["token"], "joinConfiguration.discovery.bootstrapToken.token", false); err != nil {
@@ -372,4 +372,20 @@ func checkCertKey(v any, key string) error {
 		return fmt.Errorf("%s is not 64 lowercase hex digits", key)
 	}
 	return nil
+}
+
+// lookupFold finds key in m in any spelling of its letters' case. kubeadm
+// reads its keys case-sensitively, so another spelling may well be
+// ignored there; for the keys that would weaken a join the provider
+// refuses every spelling rather than guess how a reader will take it.
+func lookupFold(m map[string]any, key string) (any, bool) {
+	if v, ok := m[key]; ok {
+		return v, true
+	}
+	for k, v := range m {
+		if strings.EqualFold(k, key) {
+			return v, true
+		}
+	}
+	return nil, false
 }
