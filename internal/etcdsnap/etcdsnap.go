@@ -17,15 +17,14 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/cryptgate"
+	"github.com/kairos-io/provider-kubernetes/internal/etcdclient"
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
@@ -161,7 +160,7 @@ type attempt struct {
 	o        Options
 	target   version.Version
 	ep       Endpoint
-	cli      *clientv3.Client
+	cli      *etcdclient.Client
 	warnings []string
 	lockFD   int
 	locked   bool
@@ -242,7 +241,7 @@ func (a *attempt) run(ctx context.Context) Result {
 	if err != nil {
 		return failed("etcd status at %s: %v", a.ep.URL, err)
 	}
-	clusterID, dbSize := st.Header.ClusterId, st.DbSize
+	clusterID, dbSize := st.ClusterID, st.DBSize
 	dir := paths.EtcdBackupDir
 
 	// One attempt at a time from here: the existing snapshots are checked,
@@ -325,7 +324,9 @@ func (a *attempt) gateAndPrepare() (cryptgate.Verdict, Result, bool) {
 }
 
 // Snapshot file names: etcd-<cluster id>-v<target minor>-<UTC time>.db.
-var snapName = regexp.MustCompile(`^etcd-([0-9a-f]{16})-v([0-9]+\.[0-9]+)-([0-9]{8}T[0-9]{6}Z)\.db$`)
+var snapName = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^etcd-([0-9a-f]{16})-v([0-9]+\.[0-9]+)-([0-9]{8}T[0-9]{6}Z)\.db$`)
+})
 
 func (a *attempt) name(clusterID uint64) string {
 	return fmt.Sprintf("etcd-%016x-v%d.%d-%s.db", clusterID, a.target.Major, a.target.Minor, a.o.Now().UTC().Format("20060102T150405Z"))
@@ -348,7 +349,7 @@ func (a *attempt) existing(ctx context.Context, v cryptgate.Verdict, clusterID u
 	want := fmt.Sprintf("%016x", clusterID)
 	minor := a.target.MinorOf().String()
 	for _, e := range ents {
-		m := snapName.FindStringSubmatch(e.Name())
+		m := snapName().FindStringSubmatch(e.Name())
 		if m == nil || m[1] != want || m[2] != minor {
 			continue
 		}
@@ -541,7 +542,7 @@ func (a *attempt) prune(keep string) int {
 	}
 	n := 0
 	for _, e := range ents {
-		if e.Name() == keep || !e.Type().IsRegular() || !snapName.MatchString(e.Name()) {
+		if e.Name() == keep || !e.Type().IsRegular() || !snapName().MatchString(e.Name()) {
 			continue
 		}
 		if os.Remove(filepath.Join(dir, e.Name())) == nil {
@@ -556,7 +557,7 @@ func (a *attempt) prune(keep string) int {
 
 // client connects with the healthcheck-client certificate, read without
 // following symlinks.
-func (a *attempt) client(ctx context.Context) (*clientv3.Client, error) {
+func (a *attempt) client(ctx context.Context) (*etcdclient.Client, error) {
 	if a.cli != nil {
 		return a.cli, nil
 	}
@@ -588,16 +589,7 @@ func (a *attempt) client(ctx context.Context) (*clientv3.Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("healthcheck-client certificate and key (%s): unusable", a.ep.Cert)
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   []string{a.ep.URL},
-		TLS:         &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{kp}, MinVersion: tls.VersionTLS12},
-		DialTimeout: a.o.Request,
-		Logger:      zap.NewNop(),
-		Context:     ctx,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("etcd client for %s: %w", a.ep.URL, err)
-	}
+	cli := etcdclient.New(a.ep.URL, &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{kp}, MinVersion: tls.VersionTLS12}, a.o.Request)
 	a.cli = cli
 	return cli, nil
 }
@@ -638,17 +630,17 @@ func (a *attempt) memberVersions(ctx context.Context) ([]Member, error) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, a.o.Request)
 	defer cancel()
-	ml, err := cli.MemberList(rctx, clientv3.WithSerializable())
+	members, err := cli.MemberList(rctx, true)
 	if err != nil {
 		return nil, fmt.Errorf("member list: %w", err)
 	}
-	out := make([]Member, len(ml.Members))
+	out := make([]Member, len(members))
 	type answer struct {
 		i int
 		v string
 	}
-	ch := make(chan answer, len(ml.Members))
-	for i, m := range ml.Members {
+	ch := make(chan answer, len(members))
+	for i, m := range members {
 		name := m.Name
 		if name == "" {
 			name = fmt.Sprintf("%016x", m.ID)
@@ -669,7 +661,7 @@ func (a *attempt) memberVersions(ctx context.Context) ([]Member, error) {
 			ch <- answer{i, st.Version}
 		}(i, m.ClientURLs[0])
 	}
-	for range ml.Members {
+	for range members {
 		r := <-ch
 		out[r.i].Version = r.v
 	}
@@ -684,15 +676,15 @@ func (a *attempt) checkKeyCount(ctx context.Context, rev int64, keys int) error 
 	}
 	rctx, cancel := context.WithTimeout(ctx, a.o.Request)
 	defer cancel()
-	resp, err := a.cli.Get(rctx, "", clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithRev(rev), clientv3.WithSerializable())
+	count, err := a.cli.CountAll(rctx, rev, true)
 	if err != nil {
-		if errors.Is(err, rpctypes.ErrCompacted) {
+		if etcdclient.IsCompacted(err) {
 			return nil
 		}
 		return fmt.Errorf("count keys at revision %d: %w", rev, err)
 	}
-	if resp.Count != int64(keys) {
-		return fmt.Errorf("the snapshot holds %d keys at revision %d, etcd has %d", keys, rev, resp.Count)
+	if count != int64(keys) {
+		return fmt.Errorf("the snapshot holds %d keys at revision %d, etcd has %d", keys, rev, count)
 	}
 	return nil
 }
