@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"sigs.k8s.io/yaml"
 
@@ -82,24 +83,31 @@ type Backups struct {
 }
 
 // Write writes doc to the run file and the persistent mirror, both
-// atomically and 0644 (the document carries no secret). The first error is
-// returned after both were attempted.
+// atomically and 0644 (the document carries no secret). The two are
+// written at once (each is fsynced, with its directory: waiting for one
+// after the other doubled what a pass spent on it); every error is
+// returned after both were attempted, the run file's first.
 func Write(root paths.Root, doc Document) error {
 	b, err := yaml.Marshal(doc)
 	if err != nil {
 		return fmt.Errorf("marshal status: %w", err)
 	}
-	var errs []error
-	for _, p := range []string{paths.StatusFile, paths.StatusMirror} {
-		full := root.Path(p)
-		if err := fsutil.MkdirAllMode(filepath.Dir(full), 0o755); err != nil {
-			errs = append(errs, fmt.Errorf("status dir for %s: %w", p, err))
-			continue
-		}
-		if err := fsutil.WriteFileAtomic(full, b, 0o644); err != nil {
-			errs = append(errs, fmt.Errorf("write status %s: %w", p, err))
-		}
+	files := []string{paths.StatusFile, paths.StatusMirror}
+	errs := make([]error, len(files))
+	var wg sync.WaitGroup
+	for i, p := range files {
+		wg.Go(func() {
+			full := root.Path(p)
+			if err := fsutil.MkdirAllMode(filepath.Dir(full), 0o755); err != nil {
+				errs[i] = fmt.Errorf("status dir for %s: %w", p, err)
+				return
+			}
+			if err := fsutil.WriteFileAtomic(full, b, 0o644); err != nil {
+				errs[i] = fmt.Errorf("write status %s: %w", p, err)
+			}
+		})
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
