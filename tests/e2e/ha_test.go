@@ -286,6 +286,10 @@ func TestHAUpgrade(t *testing.T) {
 	for _, hn := range nodes {
 		published(t, hn, cp1)
 	}
+	// Issue 15: a first marker object, then the operator's own backup
+	// before the upgrade, as backups.md says.
+	marker(t, cp2, "pk-marker-before-upgrade")
+	snap := ownBackup(t, cp2)
 
 	// Scenario 3 and the first control plane, cut three times by real kills
 	// (issue 17), each when an observed state says kubeadm got that far:
@@ -497,6 +501,32 @@ func TestHAUpgrade(t *testing.T) {
 	joinWithJoinConfig(t, c, cp1, w2, tr["1.37"])
 	waitNodes(t, cp1.n, "v1.37.2", "w2")
 	progress(t, "w2 joined at v1.37.2 with join-config's output")
+	upgraded := time.Since(start).Round(time.Second)
+
+	// Issue 15: a second marker after the upgrade, then the restore from
+	// the backup (rollback-and-restore.md) back to 1.36: the first marker
+	// is there, the second is not, every node Ready at v1.36.3 and
+	// converged.
+	marker(t, cp1, "pk-marker-after-upgrade")
+	cps := []*haNode{cp1, cp2, cp3}
+	restoreTook := restoreCluster(t, tr, cps, w1, []*haNode{w2}, snap)
+	waitNodes(t, cp1.n, "v1.36.3", "cp1", "cp2", "cp3", "w1")
+	versionsAt(t, check("the restore", cp1), cps, "v1.36.3", "3.6.8-0")
+	if !markerExists(t, cp1, "pk-marker-before-upgrade") {
+		t.Fatal("the restored cluster lacks the marker created before the backup")
+	}
+	if markerExists(t, cp1, "pk-marker-after-upgrade") {
+		t.Fatal("the restored cluster has the marker created after the backup")
+	}
+	for _, hn := range []*haNode{cp1, cp2, cp3, w1} {
+		published(t, hn, cp1)
+	}
+	rollout(t, "the restore", cp1, 0, "nothing: every node is converged at v1.36.3")
+	// Issue 15: upgraded again, with a follower and the worker wedged and
+	// reset and rejoined.
+	cpRejoin, wRejoin := rolloutWithWedges(t, tr, cp1, cp2, cp3, w1, check)
+	t.Logf("HA scenario: bootstrap and upgrade with kills %s; restore %s; control plane rejoin %s; worker rejoin %s", upgraded, restoreTook, cpRejoin, wRejoin)
+
 	var peak []string
 	for _, hn := range nodes {
 		peak = append(peak, fmt.Sprintf("%s %d MiB", hn.name, hn.n.PeakMemory()>>20))
