@@ -481,7 +481,10 @@ func (a *attempt) save(ctx context.Context, v cryptgate.Verdict, clusterID uint6
 		"snapshot", "save", fullPart,
 	}
 	t0 := time.Now()
-	if _, err := a.o.Runner.Run(ctx, runner.Cmd{Path: paths.Etcdctl, Args: args, Timeout: budget}); err != nil {
+	stopWriteBehind := writeBehind(fullPart + ".part") // etcdctl writes there, then renames
+	_, err := a.o.Runner.Run(ctx, runner.Cmd{Path: paths.Etcdctl, Args: args, Timeout: budget})
+	stopWriteBehind()
+	if err != nil {
 		cleanup()
 		return failed("etcdctl snapshot save: %v", err)
 	}
