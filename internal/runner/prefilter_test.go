@@ -10,6 +10,7 @@ import (
 func FuzzPrefilter(f *testing.F) {
 	for _, s := range []string{
 		"bundled version from /usr/share/provider-kubernetes/bundle.yaml",
+		"/usr/local/provider-kubernetes/status.yaml", strings.Repeat("a/", 30), strings.Repeat("A", 39), strings.Repeat("ABCDEF0123", 4),
 		"abcdef.0123456789abcdef", "--token=x", "TOKEN: y", "certificateKey=z", "-----BEGIN CERTIFICATE-----",
 		strings.Repeat("a", 15) + " " + strings.Repeat("b", 15), strings.Repeat("0123456789abcdef", 2),
 		"to\u212aen=x", "\u017fecret: y", "pass word", "ke y", "Cert", "kEy",
@@ -37,7 +38,10 @@ func TestPrefilterLetsSecretsThrough(t *testing.T) {
 			t.Errorf("%q: not redacted (prefilter %v): %q", s, mayHoldSecret(s), Sanitize(s, 400))
 		}
 	}
-	if s := "plan verdict=none actions= member=true"; mayHoldSecret(s) {
-		t.Errorf("%q: scanned", s)
+	for _, s := range []string{"plan verdict=none actions= member=true", "bundled version from /usr/share/provider-kubernetes/bundle.yaml",
+		"node version from /usr/local/provider-kubernetes/status.yaml"} {
+		if mayHoldSecret(s) {
+			t.Errorf("%q: scanned", s)
+		}
 	}
 }

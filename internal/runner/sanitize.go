@@ -54,23 +54,23 @@ func patternsFor(s string) []*regexp.Regexp {
 
 // mayHoldSecret is a necessary condition for any secret pattern to match
 // s: each needs "-----BEGIN ", one of its keywords (any case: token, key,
-// password, cert, secret) or a run of at least 16 characters of
-// [A-Za-z0-9+/] (a bootstrap token's secret half, 32 hex digits, 40 of
-// base64). Text that is not ASCII is always scanned: (?i) folds some
-// letters from outside ASCII (the Kelvin sign, the long s).
+// password, cert, secret), or a run of 16 [a-z0-9] (a bootstrap token's
+// secret half), of 32 hex digits or of 40 base64 characters. Text that is
+// not ASCII is always scanned: (?i) folds some letters from outside ASCII
+// (the Kelvin sign, the long s).
 func mayHoldSecret(s string) bool {
-	run := 0
+	lower, hex, b64 := 0, 0, 0 // the current run of each class
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		switch {
-		case c >= 0x80:
+		if c >= 0x80 {
 			return true
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '+', c == '/':
-			if run++; run >= 16 {
-				return true
-			}
-		default:
-			run = 0
+		}
+		isLower := 'a' <= c && c <= 'z' || '0' <= c && c <= '9'
+		isHex := '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+		isB64 := isLower || 'A' <= c && c <= 'Z' || c == '+' || c == '/'
+		lower, hex, b64 = next(lower, isLower), next(hex, isHex), next(b64, isB64)
+		if lower >= 16 || hex >= 32 || b64 >= 40 {
+			return true
 		}
 	}
 	l := strings.ToLower(s)
@@ -80,4 +80,11 @@ func mayHoldSecret(s string) bool {
 		}
 	}
 	return false
+}
+
+func next(run int, in bool) int {
+	if in {
+		return run + 1
+	}
+	return 0
 }
