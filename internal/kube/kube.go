@@ -13,6 +13,7 @@
 package kube
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -181,7 +182,10 @@ func statusInBody(b []byte) error {
 		Reason  string `json:"reason"`
 		Code    int32  `json:"code"`
 	}
-	if len(b) == 0 || unmarshalCaseSensitive(b, &st) != nil || st.Kind != "Status" || st.Status == "Success" {
+	// A Status names its kind, literally or with \u escapes: a body with
+	// neither is none (no second decode).
+	if !bytes.Contains(b, []byte(`"Status"`)) && !bytes.Contains(b, []byte(`\u`)) ||
+		unmarshalCaseSensitive(b, &st) != nil || st.Kind != "Status" || st.Status == "Success" {
 		return nil
 	}
 	return &StatusError{Code: st.Code, Reason: st.Reason, Message: st.Message}

@@ -511,3 +511,20 @@ func TestRetriesAsClientGo(t *testing.T) {
 		t.Logf("%s: %d requests, %v", name, len(lgot), lerr)
 	}
 }
+
+// TestStatusInASuccessfulAnswer: a 2xx answer that is a failed Status is
+// the error it says, however its kind is spelled; a Success Status or an
+// object is not.
+func TestStatusInASuccessfulAnswer(t *testing.T) {
+	for body, fails := range map[string]bool{
+		`{"kind":"Status","apiVersion":"v1","status":"Failure","message":"no","code":500}`:      true,
+		`{"kind":"St\u0061tus","apiVersion":"v1","status":"Failure","message":"no","code":500}`: true,
+		`{"kind":"Status","apiVersion":"v1","status":"Success"}`:                                false,
+		`{"kind":"ConfigMap","data":{"Status":"x"}}`:                                            false,
+		`{"kind":"ConfigMap","data":{"a":"\u00e9"}}`:                                            false,
+	} {
+		if err := statusInBody([]byte(body)); (err != nil) != fails {
+			t.Errorf("%s: %v", body, err)
+		}
+	}
+}
