@@ -154,7 +154,11 @@ func rejoin(t testing.TB, rj, img *docPage, via, hn *haNode, role string, trees 
 		if ids[hn.name] == "" {
 			t.Fatalf("%s is no etcd member: %v", hn.name, ids)
 		}
-		rj.run(via, rj.withCmd("/usr/bin/etcdctl", "member remove", ""), "MEMBER_ID="+ids[hn.name])
+		// As the page says: refused while the member has been connected
+		// for less than 5 s; run again a few seconds later.
+		rj.until(via, rj.withCmd("/usr/bin/etcdctl", "member remove", ""), 2*time.Minute, func(out string) bool {
+			return strings.Contains(out, "Member "+ids[hn.name]+" removed")
+		}, "MEMBER_ID="+ids[hn.name])
 	}
 	rj.run(via, "kubectl --kubeconfig /etc/kubernetes/admin.conf delete node", "NODE="+hn.name)
 	rj.run(via, "sh -c \"umask 077; provider-kubernetes join-config", "ROLE="+role)
