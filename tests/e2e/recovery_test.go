@@ -87,7 +87,8 @@ func markerExists(t testing.TB, via *haNode, name string) bool {
 // joinSection is the cluster section an operator pastes into hn's
 // cloud-config from join-config's output (printed): the printed section,
 // with hn's own nodeRegistration and, for a control plane, its
-// localAPIEndpoint added to joinConfiguration.
+// localAPIEndpoint added to joinConfiguration, and its own
+// upgradeConfiguration.
 func joinSection(t testing.TB, printed []byte, hn *haNode) []byte {
 	t.Helper()
 	var doc map[string]any
@@ -114,6 +115,8 @@ func joinSection(t testing.TB, printed []byte, hn *haNode) []byte {
 	if cp, ok := join["controlPlane"].(map[string]any); ok {
 		cp["localAPIEndpoint"] = ownJoin["controlPlane"].(map[string]any)["localAPIEndpoint"]
 	}
+	// join-config cannot know how this node is upgraded later.
+	cfg["upgradeConfiguration"] = own["upgradeConfiguration"]
 	b, err := yaml.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)
