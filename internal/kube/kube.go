@@ -94,8 +94,8 @@ func forConn(cn *conn, timeout time.Duration) *Client {
 	if cn.user.Exec != nil {
 		c.exec = &execPlugin{cfg: cn.user.Exec, cluster: cn.cluster, server: cn.host}
 		if cn.tls != nil && len(cn.tls.Certificates) == 0 {
-			cn.tls.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-				_, cert, err := c.exec.credentials()
+			cn.tls.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+				_, cert, err := c.exec.credentials(cri.Context())
 				if err != nil || cert == nil {
 					return &tls.Certificate{}, err
 				}

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -382,19 +384,25 @@ type execCredential struct {
 	} `json:"status"`
 }
 
+// execPluginBound caps one run of a credential plugin: it is a program
+// named by a kubeconfig, and a request must never wait on it forever.
+const execPluginBound = time.Minute
+
 // execPlugin runs a kubeconfig's credential plugin once per process, as
-// client-go's exec authenticator does on first use.
+// client-go's exec authenticator does on first use; a run cut short by its
+// caller's context (or the bound) is not kept, the next call runs it again.
 type execPlugin struct {
 	cfg     *execConfig
 	cluster clusterInfo
 	server  string
-	once    sync.Once
+	mu      sync.Mutex
+	done    bool
 	token   string
 	cert    *tls.Certificate
 	err     error
 }
 
-func (p *execPlugin) run() {
+func (p *execPlugin) run(ctx context.Context) {
 	cfg := p.cfg
 	switch cfg.APIVersion {
 	case "client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1":
@@ -445,7 +453,13 @@ func (p *execPlugin) run() {
 		p.err = err
 		return
 	}
-	cmd := exec.Command(cfg.Command, cfg.Args...)
+	ctx, cancel := context.WithTimeout(ctx, execPluginBound)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cfg.Command, cfg.Args...)
+	// The plugin and whatever it starts end with the bound.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = time.Second
 	cmd.Env = os.Environ()
 	for _, e := range cfg.Env {
 		cmd.Env = append(cmd.Env, e.Name+"="+e.Value)
@@ -457,6 +471,10 @@ func (p *execPlugin) run() {
 		cmd.Stdin = os.Stdin
 	}
 	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			p.err = fmt.Errorf("exec: executable %s: %w", cfg.Command, ctx.Err())
+			return
+		}
 		if errors.Is(err, exec.ErrNotFound) {
 			p.err = fmt.Errorf("exec: executable %s not found\n\n%s", cfg.Command, cfg.InstallHint)
 		} else {
@@ -494,8 +512,14 @@ func (p *execPlugin) run() {
 	}
 }
 
-func (p *execPlugin) credentials() (string, *tls.Certificate, error) {
-	p.once.Do(p.run)
+func (p *execPlugin) credentials(ctx context.Context) (string, *tls.Certificate, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.done {
+		p.token, p.cert, p.err = "", nil, nil
+		p.run(ctx)
+		p.done = !errors.Is(p.err, context.Canceled) && !errors.Is(p.err, context.DeadlineExceeded)
+	}
 	return p.token, p.cert, p.err
 }
 

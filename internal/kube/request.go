@@ -180,7 +180,7 @@ func (c *Client) authorize(req *http.Request) error {
 	req.Header.Set("User-Agent", userAgent)
 	token := u.Token
 	if c.exec != nil {
-		t, _, err := c.exec.credentials()
+		t, _, err := c.exec.credentials(req.Context())
 		if err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +17,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -526,5 +528,60 @@ func TestStatusInASuccessfulAnswer(t *testing.T) {
 		if err := statusInBody([]byte(body)); (err != nil) != fails {
 			t.Errorf("%s: %v", body, err)
 		}
+	}
+}
+
+// TestExecPluginIsBoundedByTheRequest: a credential plugin that hangs (and
+// leaves a child behind) ends with the request's context, its process
+// group killed; that cut-short run is not kept, so the next request runs
+// the plugin again and authenticates with what it prints.
+func TestExecPluginIsBoundedByTheRequest(t *testing.T) {
+	rec := &recorder{answer: func(r *http.Request) (int, string, any) {
+		return 200, "application/json", corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.37.2"}}}
+	}}
+	srv := tlsServer(t, rec)
+	ca := base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}))
+	dir := t.TempDir()
+	plugin, marker, child := filepath.Join(dir, "plugin"), filepath.Join(dir, "ran-once"), filepath.Join(dir, "child.pid")
+	if err := os.WriteFile(plugin, []byte("#!/bin/sh\nif [ ! -e "+marker+" ]; then : > "+marker+"; sleep 300 & echo $! > "+child+"; wait; fi\n"+
+		"echo '{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{\"token\":\"second-run\"}}'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n := testutil.NewNode(t, "n1")
+	n.Write(paths.AdminConf, "apiVersion: v1\nkind: Config\nclusters:\n- cluster: {server: '"+srv.URL+"', certificate-authority-data: "+ca+"}\n  name: c\n"+
+		"contexts:\n- context: {cluster: c, user: u}\n  name: x\ncurrent-context: x\nusers:\n- name: u\n  user: {exec: {apiVersion: client.authentication.k8s.io/v1, command: "+plugin+", interactiveMode: Never}}\n", 0o600)
+	c, err := Load(n.R(), 3*time.Second, paths.AdminConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { _, err := c.Node(ctx, "n1"); errc <- err }()
+	select {
+	case err := <-errc:
+		if err == nil || !strings.Contains(err.Error(), "deadline exceeded") {
+			t.Fatalf("a hanging plugin: %v, want the request's deadline", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the hanging plugin held the request past its 1 s deadline")
+	}
+	if len(rec.take()) != 0 {
+		t.Fatal("a request went out without credentials")
+	}
+	if b, err := os.ReadFile(child); err == nil {
+		var pid int
+		fmt.Sscan(string(b), &pid)
+		for deadline := time.Now().Add(5 * time.Second); pid > 0 && syscall.Kill(pid, 0) == nil; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the plugin's child %d outlived it", pid)
+			}
+		}
+	}
+	if _, err := c.Node(context.Background(), "n1"); err != nil {
+		t.Fatalf("the next request: %v", err)
+	}
+	if got := rec.take(); len(got) != 1 || got[0].Auth != "Bearer second-run" {
+		t.Fatalf("the next request sent %+v, want the second run's token", got)
 	}
 }
