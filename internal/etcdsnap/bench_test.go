@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -58,7 +56,7 @@ func BenchmarkSnapshotStep(b *testing.B) {
 	if s := os.Getenv("ETCDSNAP_BENCH_MB"); s != "" {
 		mb, _ = strconv.Atoi(s)
 	}
-	providers := benchProviders(b)
+	providers := testbin.Providers(b, "ETCDSNAP_BENCH_PROVIDERS", "bare")
 	bin := testbin.Etcd(b, EtcdOnKubeadm136)
 	n := testutil.NewNode(b, "cp1")
 	etcdtest.BundleEtcdTools(b, n)
@@ -110,7 +108,7 @@ func BenchmarkSnapshotStep(b *testing.B) {
 	}
 	jobs := []job{{name: "bare", bin: etcdctl, args: bareArgs}}
 	for _, p := range providers {
-		jobs = append(jobs, job{name: p.name, bin: p.path, args: []string{"etcd-snapshot", "--target", target, "--root", n.Root}})
+		jobs = append(jobs, job{name: p.Name, bin: p.Path, args: []string{"etcd-snapshot", "--target", target, "--root", n.Root}})
 	}
 	runs := map[string][]benchRun{}
 	b.ResetTimer()
@@ -135,9 +133,9 @@ func BenchmarkSnapshotStep(b *testing.B) {
 		bare := byName["bare"]
 		line := fmt.Sprintf("round %d: bare etcdctl %s (peak %d MiB)", i+1, bare.took.Round(time.Millisecond), bare.hwm>>20)
 		for _, p := range providers {
-			r := byName[p.name]
+			r := byName[p.Name]
 			line += fmt.Sprintf("; %s %s = %.3f x bare (save %s, verify %s), peak RSS %d MiB (anonymous %d MiB), etcdctl/etcdutl peak %d MiB",
-				p.name, r.took.Round(time.Millisecond), r.took.Seconds()/bare.took.Seconds(), r.save.Round(time.Millisecond),
+				p.Name, r.took.Round(time.Millisecond), r.took.Seconds()/bare.took.Seconds(), r.save.Round(time.Millisecond),
 				r.verify.Round(time.Millisecond), r.hwm>>20, r.anon>>20, r.children>>20)
 		}
 		b.Log(line)
@@ -157,21 +155,21 @@ func BenchmarkSnapshotStep(b *testing.B) {
 	b.Logf("%d rounds, %d MiB database: min / median / max", b.N, dbSize>>20)
 	b.Logf("  bare etcdctl            %s", mmm(bt, "%.3fs"))
 	for _, p := range providers {
-		rs := runs[p.name]
+		rs := runs[p.Name]
 		st := secs(rs, func(r benchRun) float64 { return r.took.Seconds() })
 		ratio := make([]float64, len(rs))
 		for i := range rs {
 			ratio[i] = st[i] / bt[i] // the same round's bare run
 		}
 		hwm := secs(rs, func(r benchRun) float64 { return float64(r.hwm) / (1 << 20) })
-		b.Logf("  %-10s step        %s", p.name, mmm(st, "%.3fs"))
-		b.Logf("  %-10s step/bare   %s", p.name, mmm(ratio, "%.3f"))
-		b.Logf("  %-10s save        %s", p.name, mmm(secs(rs, func(r benchRun) float64 { return r.save.Seconds() }), "%.3fs"))
-		b.Logf("  %-10s verify      %s", p.name, mmm(secs(rs, func(r benchRun) float64 { return r.verify.Seconds() }), "%.3fs"))
-		b.Logf("  %-10s peak RSS    %s", p.name, mmm(hwm, "%.1f MiB"))
+		b.Logf("  %-10s step        %s", p.Name, mmm(st, "%.3fs"))
+		b.Logf("  %-10s step/bare   %s", p.Name, mmm(ratio, "%.3f"))
+		b.Logf("  %-10s save        %s", p.Name, mmm(secs(rs, func(r benchRun) float64 { return r.save.Seconds() }), "%.3fs"))
+		b.Logf("  %-10s verify      %s", p.Name, mmm(secs(rs, func(r benchRun) float64 { return r.verify.Seconds() }), "%.3fs"))
+		b.Logf("  %-10s peak RSS    %s", p.Name, mmm(hwm, "%.1f MiB"))
 		prefix := ""
 		if len(providers) > 1 {
-			prefix = p.name + "-"
+			prefix = p.Name + "-"
 		}
 		b.ReportMetric(median(ratio), prefix+"step/bare")
 		b.ReportMetric(slices.Max(ratio), prefix+"max-step/bare")
@@ -183,42 +181,6 @@ func BenchmarkSnapshotStep(b *testing.B) {
 	b.ReportMetric(median(bt), "bare-s")
 	b.ReportMetric(slices.Max(secs(bares, func(r benchRun) float64 { return float64(r.hwm) / (1 << 20) })), "etcdctl-peak-RSS-MiB")
 	b.ReportMetric(float64(dbSize)/(1<<20), "db-MiB")
-}
-
-type namedBin struct{ name, path string }
-
-// benchProviders is ETCDSNAP_BENCH_PROVIDERS, else the binary `make build`
-// makes from this tree (stripped, trimmed paths).
-func benchProviders(b *testing.B) []namedBin {
-	if s := os.Getenv("ETCDSNAP_BENCH_PROVIDERS"); s != "" {
-		var out []namedBin
-		for _, kv := range strings.Split(s, ",") {
-			name, p, ok := strings.Cut(kv, "=")
-			if !ok || name == "" || name == "bare" || !filepath.IsAbs(p) {
-				b.Fatalf("ETCDSNAP_BENCH_PROVIDERS: %q is not name=/absolute/path", kv)
-			}
-			if _, err := os.Stat(p); err != nil {
-				b.Fatal(err)
-			}
-			out = append(out, namedBin{name, p})
-		}
-		return out
-	}
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		goBin = "go"
-	}
-	mod, err := exec.Command(goBin, "env", "GOMOD").Output()
-	if err != nil || strings.TrimSpace(string(mod)) == "" {
-		b.Fatalf("go env GOMOD: %v", err)
-	}
-	out := filepath.Join(b.TempDir(), "provider-kubernetes")
-	cmd := testutil.Command(b, 10*time.Minute, goBin, "build", "-trimpath", "-ldflags", "-s -w", "-o", out, "./cmd/provider-kubernetes")
-	cmd.Dir = filepath.Dir(strings.TrimSpace(string(mod)))
-	if o, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("go build the provider: %v\n%s", err, o)
-	}
-	return []namedBin{{"provider", out}}
 }
 
 // sandboxOnRealDevice lays out a Kairos node whose COS_PERSISTENT

@@ -20,10 +20,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -128,16 +126,9 @@ func TestTakenOnRealDmCrypt(t *testing.T) {
 	bctx, bcancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer bcancel()
 	// The binary users run, static, as the image ships it.
-	modRoot, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
 	provider := filepath.Join(work, "provider-kubernetes")
-	build := exec.CommandContext(bctx, filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-trimpath", "-ldflags", "-s -w", "-o", provider, "./cmd/provider-kubernetes")
-	build.Dir = modRoot
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build provider-kubernetes: %v\n%s", err, out)
+	if err := testbin.BuildProvider(bctx, provider); err != nil {
+		t.Fatal(err)
 	}
 
 	// /etc/kubernetes as kubeadm leaves a 1.36 control plane with stacked

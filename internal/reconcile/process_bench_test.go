@@ -4,10 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"math"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -39,7 +35,7 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkConvergedProcess -benchtime 200x ./internal/reconcile/
 func BenchmarkConvergedProcess(b *testing.B) {
-	providers := convergedBenchProviders(b)
+	providers := testbin.Providers(b, "CONVERGED_BENCH_PROVIDERS", "kubeadm")
 	kubeadm := testbin.Kubeadm(b, "v1.37.2")
 	for _, role := range []string{"controlplane", "worker"} {
 		b.Run(role, func(b *testing.B) {
@@ -61,7 +57,7 @@ func BenchmarkConvergedProcess(b *testing.B) {
 			}
 			jobs := []job{{name: "kubeadm", bin: kubeadm, args: []string{"version", "-o", "short"}}}
 			for _, p := range providers {
-				jobs = append(jobs, job{name: p.name, bin: p.path, args: []string{"reconcile", "--root", n.Root}})
+				jobs = append(jobs, job{name: p.Name, bin: p.Path, args: []string{"reconcile", "--root", n.Root}})
 			}
 			took, cpu := map[string][]float64{}, map[string][]float64{}
 			b.ResetTimer()
@@ -92,62 +88,26 @@ func BenchmarkConvergedProcess(b *testing.B) {
 			// benchmark's log), and none for its N=1 probe run.
 			log := fmt.Sprintf("%d rounds (%s), min / median / max:\n  kubeadm version -o short  %s (CPU %s)", b.N, role, mmm(bare, "%.1f ms"), mmm(cpu["kubeadm"], "%.1f"))
 			for _, p := range providers {
-				pt := took[p.name]
+				pt := took[p.Name]
 				ratio := make([]float64, len(pt))
 				for i := range pt {
 					ratio[i] = pt[i] / bare[i] // the same round's kubeadm run
 				}
 				log += fmt.Sprintf("\n  %-24s  %s (CPU %s), per-round ratio %s (target <= 0.333), CPU ratio of medians %.3f",
-					p.name+" reconcile", mmm(pt, "%.1f ms"), mmm(cpu[p.name], "%.1f"), mmm(ratio, "%.3f"), median(cpu[p.name])/median(cpu["kubeadm"]))
+					p.Name+" reconcile", mmm(pt, "%.1f ms"), mmm(cpu[p.Name], "%.1f"), mmm(ratio, "%.3f"), median(cpu[p.Name])/median(cpu["kubeadm"]))
 				prefix := ""
 				if len(providers) > 1 {
-					prefix = p.name + "-"
+					prefix = p.Name + "-"
 				}
 				b.ReportMetric(median(pt), prefix+"provider-ms")
 				b.ReportMetric(median(ratio), prefix+"provider/kubeadm")
-				b.ReportMetric(median(cpu[p.name])/median(cpu["kubeadm"]), prefix+"provider/kubeadm-CPU")
+				b.ReportMetric(median(cpu[p.Name])/median(cpu["kubeadm"]), prefix+"provider/kubeadm-CPU")
 			}
 			if b.N > 1 {
 				b.Log(log)
 			}
 		})
 	}
-}
-
-type providerBin struct{ name, path string }
-
-// convergedBenchProviders is CONVERGED_BENCH_PROVIDERS, else the binary
-// `make build` makes from this tree (stripped, trimmed paths).
-func convergedBenchProviders(b *testing.B) []providerBin {
-	if s := os.Getenv("CONVERGED_BENCH_PROVIDERS"); s != "" {
-		var out []providerBin
-		for _, kv := range strings.Split(s, ",") {
-			name, p, ok := strings.Cut(kv, "=")
-			if !ok || name == "" || name == "kubeadm" || !filepath.IsAbs(p) {
-				b.Fatalf("CONVERGED_BENCH_PROVIDERS: %q is not name=/absolute/path", kv)
-			}
-			if _, err := os.Stat(p); err != nil {
-				b.Fatal(err)
-			}
-			out = append(out, providerBin{name, p})
-		}
-		return out
-	}
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		goBin = "go"
-	}
-	mod, err := exec.Command(goBin, "env", "GOMOD").Output()
-	if err != nil || strings.TrimSpace(string(mod)) == "" {
-		b.Fatalf("go env GOMOD: %v", err)
-	}
-	out := filepath.Join(b.TempDir(), "provider-kubernetes")
-	cmd := testutil.Command(b, 10*time.Minute, goBin, "build", "-trimpath", "-ldflags", "-s -w", "-o", out, "./cmd/provider-kubernetes")
-	cmd.Dir = filepath.Dir(strings.TrimSpace(string(mod)))
-	if o, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("go build the provider: %v\n%s", err, o)
-	}
-	return []providerBin{{"provider", out}}
 }
 
 // timeProcess runs one command with the environment a unit gives it, timed

@@ -71,7 +71,7 @@ func Kubernetes(ctx context.Context, kver, name string, log io.Writer) (string, 
 		if err := writeWrapper(ctx, wrap, v); err != nil {
 			return err
 		}
-		return goBuild(ctx, wrap, out, "k8s.io/kubernetes/cmd/"+name, ldflags(v), "", log)
+		return goBuild(ctx, wrap, out, "k8s.io/kubernetes/cmd/"+name, ldflags(v), "", true, log)
 	})
 }
 
@@ -132,7 +132,7 @@ func goBinary(ctx context.Context, module, ver, pkg, name, ldflags, tags string,
 		if ldflags == "" {
 			ldflags = "-s -w"
 		}
-		return goBuild(ctx, wrap, out, pkg, ldflags, tags, log)
+		return goBuild(ctx, wrap, out, pkg, ldflags, tags, true, log)
 	})
 }
 
@@ -266,18 +266,27 @@ func stagingModules(gomod string) ([]string, error) {
 	return mods, sc.Err()
 }
 
-func goBuild(ctx context.Context, dir, out, pkg, ldflags, tags string, log io.Writer) error {
+// goBuild builds pkg of the module in dir at out (through out.part).
+// modMod lets go resolve and update the module's requirements (the
+// wrapper modules of the version builds); a checkout's own module is built
+// as it is.
+func goBuild(ctx context.Context, dir, out, pkg, ldflags, tags string, modMod bool, log io.Writer) error {
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
 	tmp := out + ".part"
-	args := []string{"build", "-mod=mod", "-trimpath", "-ldflags", ldflags}
+	args := []string{"build", "-trimpath", "-ldflags", ldflags}
+	env := append(os.Environ(), "CGO_ENABLED=0")
+	if modMod {
+		args = append(args, "-mod=mod")
+		env = append(env, "GOFLAGS=-mod=mod")
+	}
 	if tags != "" {
 		args = append(args, "-tags", tags)
 	}
 	cmd := exec.CommandContext(ctx, goBin(), append(args, "-o", tmp, pkg)...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod")
+	cmd.Env = env
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = log, io.MultiWriter(&stderr, log)
 	if err := cmd.Run(); err != nil {
@@ -301,4 +310,60 @@ func lastLines(s string, n int) string {
 		l = l[len(l)-n:]
 	}
 	return strings.Join(l, " | ")
+}
+
+// moduleRoot is this checkout's module root (the directory of go.mod).
+func moduleRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// BuildProvider builds this checkout's provider-kubernetes at out as
+// `make build` and the image make it: static (CGO_ENABLED=0), -trimpath,
+// stripped.
+func BuildProvider(ctx context.Context, out string) error {
+	if err := goBuild(ctx, moduleRoot(), out, "./cmd/provider-kubernetes", "-s -w", "", false, io.Discard); err != nil {
+		return fmt.Errorf("build the provider: %w", err)
+	}
+	return nil
+}
+
+// Provider is BuildProvider into a new temporary directory of t, bounded
+// at 10 minutes.
+func Provider(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	out := filepath.Join(t.TempDir(), "provider-kubernetes")
+	if err := BuildProvider(ctx, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Named is a binary under a name (a build compared side by side).
+type Named struct{ Name, Path string }
+
+// Providers are the builds a benchmark compares: those its environment
+// variable env names ("before=/abs/path,after=/abs/path"; reserved is the
+// name the benchmark gives its own reference), else this checkout's
+// (Provider) as "provider".
+func Providers(t testing.TB, env, reserved string) []Named {
+	t.Helper()
+	s := os.Getenv(env)
+	if s == "" {
+		return []Named{{"provider", Provider(t)}}
+	}
+	var out []Named
+	for _, kv := range strings.Split(s, ",") {
+		name, p, ok := strings.Cut(kv, "=")
+		if !ok || name == "" || name == reserved || !filepath.IsAbs(p) {
+			t.Fatalf("%s: %q is not name=/absolute/path", env, kv)
+		}
+		if _, err := os.Stat(p); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, Named{name, p})
+	}
+	return out
 }

@@ -9,13 +9,13 @@ package docs_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/testbin"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil/docs"
 )
@@ -61,12 +62,9 @@ func provider(t *testing.T) string {
 			return
 		}
 		built = filepath.Join(buildDir, "provider-kubernetes")
-		cmd := testutil.Command(t, 10*time.Minute, filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-trimpath", "-o", built,
-			"github.com/kairos-io/provider-kubernetes/cmd/provider-kubernetes")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("build the provider: %v\n%s", err, b)
-		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		buildErr = testbin.BuildProvider(ctx, built)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)

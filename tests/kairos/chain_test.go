@@ -13,7 +13,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -48,7 +47,7 @@ func TestRealKairosAgentChain(t *testing.T) {
 		t.Skip("builds the real kairos-agent: not in -short mode")
 	}
 	agent := kairosAgent(t)
-	prov := buildProvider(t)
+	prov := testbin.Provider(t)
 	dir := t.TempDir()
 	cmd := testutil.Command(t, 10*time.Minute, os.Args[0], "-test.run=^TestRealKairosAgentChain$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), childEnv+"="+dir, agentEnv+"="+agent, providerEnv+"="+prov)
@@ -78,18 +77,6 @@ type testLog struct{ t *testing.T }
 func (l testLog) Write(p []byte) (int, error) {
 	l.t.Logf("%s", bytes.TrimRight(p, "\n"))
 	return len(p), nil
-}
-
-// buildProvider builds this checkout's provider, as the image carries it.
-func buildProvider(t *testing.T) string {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), "provider-kubernetes")
-	cmd := testutil.Command(t, 10*time.Minute, filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-trimpath", "-o", out, "github.com/kairos-io/provider-kubernetes/cmd/provider-kubernetes")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build the provider: %v\n%s", err, b)
-	}
-	return out
 }
 
 // chroot is the Kairos root the child built: tmpfs, with the host's /usr
