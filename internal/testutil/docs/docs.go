@@ -269,34 +269,20 @@ func (p *Page) E2E() []string { return append([]string(nil), p.e2e...) }
 // it (a command shown twice, identically, counts once). An end-to-end
 // command is never selected: a test here cannot run it.
 func (p *Page) Command(prefix string) (string, error) {
-	var exact, starts []string
-	for _, c := range uniq(p.local) {
-		switch {
-		case c == prefix:
-			exact = append(exact, c)
-		case strings.HasPrefix(c, prefix):
-			starts = append(starts, c)
-		}
-	}
-	found := exact
-	if len(found) == 0 {
-		found = starts
-	}
-	if len(found) != 1 {
-		return "", fmt.Errorf("docs/%s shows %d local commands that are or start with %q, want 1 (local commands: %q)", p.Name, len(found), prefix, p.local)
-	}
-	p.mu.Lock()
-	p.ran[found[0]] = true
-	p.mu.Unlock()
-	return found[0], nil
+	return p.pick("local", p.local, prefix)
 }
 
 // E2ECommand selects one end-to-end command by prefix, as Command does
 // for local ones, and records it as run: the end-to-end suite runs it in a
 // node of a live cluster.
 func (p *Page) E2ECommand(prefix string) (string, error) {
+	return p.pick("end-to-end", p.e2e, prefix)
+}
+
+// pick is Command and E2ECommand over one kind of the page's commands.
+func (p *Page) pick(kind string, cmds []string, prefix string) (string, error) {
 	var exact, starts []string
-	for _, c := range uniq(p.e2e) {
+	for _, c := range uniq(cmds) {
 		switch {
 		case c == prefix:
 			exact = append(exact, c)
@@ -309,7 +295,7 @@ func (p *Page) E2ECommand(prefix string) (string, error) {
 		found = starts
 	}
 	if len(found) != 1 {
-		return "", fmt.Errorf("docs/%s shows %d end-to-end commands that are or start with %q, want 1 (end-to-end commands: %q)", p.Name, len(found), prefix, p.e2e)
+		return "", fmt.Errorf("docs/%s shows %d %s commands that are or start with %q, want 1 (%s commands: %q)", p.Name, len(found), kind, prefix, kind, cmds)
 	}
 	p.mu.Lock()
 	p.ran[found[0]] = true
@@ -317,12 +303,17 @@ func (p *Page) E2ECommand(prefix string) (string, error) {
 	return found[0], nil
 }
 
+// Unrun returns the local commands no Command call selected, in order.
+func (p *Page) Unrun() []string { return p.unrun(p.local) }
+
 // UnrunE2E returns the end-to-end commands no E2ECommand call selected, in order.
-func (p *Page) UnrunE2E() []string {
+func (p *Page) UnrunE2E() []string { return p.unrun(p.e2e) }
+
+func (p *Page) unrun(cmds []string) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []string
-	for _, c := range uniq(p.e2e) {
+	for _, c := range uniq(cmds) {
 		if !p.ran[c] {
 			out = append(out, c)
 		}
@@ -341,19 +332,6 @@ func (p *Page) Output(cmd string) string {
 		}
 	}
 	return ""
-}
-
-// Unrun returns the local commands no Command call selected, in order.
-func (p *Page) Unrun() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var out []string
-	for _, c := range uniq(p.local) {
-		if !p.ran[c] {
-			out = append(out, c)
-		}
-	}
-	return out
 }
 
 func uniq(in []string) []string {
