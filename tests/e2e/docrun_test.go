@@ -38,15 +38,10 @@ func (d *docPage) cmd(prefix string) string {
 	return c
 }
 
-// try runs the page's command in hn as the operator would after sudo:
-// root, `sh -c` of the command line, with env ("NAME=value") giving the
-// page's $VARIABLES. It returns what it printed and its exit code.
-func (d *docPage) try(hn *haNode, prefix string, env ...string) (string, int) {
-	d.t.Helper()
-	return runLine(d.t, hn, d.cmd(prefix), env...)
-}
-
-// runLine runs one command line in hn: root, `sh -c`, PATH as a login shell's.
+// runLine runs one command line in hn as the operator would after sudo:
+// root, `sh -c` of the line, PATH as a login shell's, with env
+// ("NAME=value") giving a page's $VARIABLES. It returns what the line
+// printed and its exit code.
 func runLine(t testing.TB, hn *haNode, line string, env ...string) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -60,7 +55,8 @@ func runLine(t testing.TB, hn *haNode, line string, env ...string) (string, int)
 	return out, res.ExitCode
 }
 
-// run is try that fails the test unless the command succeeds.
+// run runs the page's command that is (or starts with) prefix in hn
+// (runLine) and fails the test unless it succeeds.
 func (d *docPage) run(hn *haNode, prefix string, env ...string) string {
 	d.t.Helper()
 	line := d.cmd(prefix)

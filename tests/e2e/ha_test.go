@@ -213,14 +213,7 @@ func TestHAUpgrade(t *testing.T) {
 		return s
 	}
 	boot := func(hn *haNode, what string) int { t.Helper(); return bootNode(t, hn.n, what) }
-	stop := func(hn *haNode) {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		if err := hn.n.Stop(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	stop := func(hn *haNode) { t.Helper(); stopNode(t, hn) }
 	check := func(step string, via *haNode) versions {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -584,9 +577,9 @@ func rollout(t testing.TB, step string, via *haNode, wantExit int, wantNext stri
 }
 
 // joinWithJoinConfig adds node hn, runs `provider-kubernetes join-config
-// --role worker` on cp, merges the new node's own nodeRegistration into the
-// printed section's joinConfiguration, writes it as hn's /oem cloud-config
-// and boots hn: its pass must join and converge.
+// --role worker` on cp, writes the section as an operator pastes it
+// (joinSection: the node's own settings kept) as hn's /oem cloud-config
+// and boots hn: its pass must join with the minted token and converge.
 func joinWithJoinConfig(t testing.TB, c *harness.Cluster, cp, hn *haNode, tree string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -603,37 +596,7 @@ func joinWithJoinConfig(t testing.TB, c *harness.Cluster, cp, hn *haNode, tree s
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("join-config on %s: exit %d %v\n%s", cp.name, res.ExitCode, err, res.Stderr)
 	}
-	var doc map[string]any
-	if err := yaml.Unmarshal(res.Stdout, &doc); err != nil {
-		t.Fatal(err)
-	}
-	section, ok := doc["cluster"].(map[string]any)
-	if !ok {
-		t.Fatalf("join-config printed no cluster: section")
-	}
-	var printed, own map[string]any
-	if err := yaml.Unmarshal([]byte(section["config"].(string)), &printed); err != nil {
-		t.Fatal(err)
-	}
-	var mine map[string]any
-	if err := yaml.Unmarshal(clusterSection("unused-token-unused-token-unused", hn.node, "10.0.0.11", "v1.37.2"), &mine); err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal([]byte(mine["config"].(string)), &own); err != nil {
-		t.Fatal(err)
-	}
-	join := printed["joinConfiguration"].(map[string]any)
-	join["nodeRegistration"] = own["joinConfiguration"].(map[string]any)["nodeRegistration"]
-	cfg, err := yaml.Marshal(printed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	section["config"] = string(cfg)
-	b, err := yaml.Marshal(section)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeCloudConfig(t, n, b)
+	writeCloudConfig(t, n, joinSection(t, res.Stdout, hn))
 	if code := bootNode(t, n, "join with join-config's output"); code != 0 {
 		t.Fatalf("%s join: exit %d\n%s", hn.name, code, reconcileLog(t, n))
 	}

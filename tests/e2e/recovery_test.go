@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -59,7 +58,7 @@ func ownBackup(t testing.TB, hn *haNode) []byte {
 	return snap
 }
 
-// marker creates (or, with check, looks for) a ConfigMap in default.
+// marker creates a ConfigMap in default; markerExists looks for one.
 func marker(t testing.TB, via *haNode, name string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -169,7 +168,9 @@ func rejoin(t testing.TB, rj, img *docPage, via, hn *haNode, role string, trees 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, err := runLineOK(t, via, "stat -c '%a %U' /root/join.yaml"); err != nil || out != "600 root" {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := via.n.Output(ctx, "stat", "-c", "%a %U %F", "/root/join.yaml"); err != nil || out != "600 root regular file" {
 		t.Fatalf("/root/join.yaml: %q %v, want 600 root", out, err)
 	}
 	rj.run(hn, "provider-kubernetes reset --yes")
@@ -193,15 +194,6 @@ func rejoin(t testing.TB, rj, img *docPage, via, hn *haNode, role string, trees 
 	took := time.Since(start).Round(time.Second)
 	progress(t, "%s: reset and rejoined as a %s in %s", hn.name, role, took)
 	return took
-}
-
-// runLineOK runs a line of the test's own (not a page's) in hn.
-func runLineOK(t testing.TB, hn *haNode, line string) (string, error) {
-	out, code := runLine(t, hn, line)
-	if code != 0 {
-		return out, fmt.Errorf("exit %d", code)
-	}
-	return strings.TrimSpace(out), nil
 }
 
 // restoreCluster is rollback-and-restore.md on the upgraded cluster: every
