@@ -1,20 +1,12 @@
 package docs_test
 
 import (
-	"context"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
-
-	"go.etcd.io/etcd/client/pkg/v3/transport"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
@@ -122,55 +114,7 @@ func sameShape(got, example string) bool {
 // 2380, and writes keys; it returns how many.
 func startEtcd(t *testing.T, n *node, bin string) int {
 	t.Helper()
-	etcdtest.NewPKI(t, n.Node)
-	n.Write(paths.EtcdManifest, etcdtest.Manifest(n.Name, "registry.k8s.io/etcd:3.6.8-0", 2379, 2380), 0o600)
-	const client, peer = "https://127.0.0.1:2379", "https://127.0.0.1:2380"
-	args := []string{"--name=" + n.Name, "--data-dir=" + n.Path(etcdtest.DataDir),
-		"--listen-client-urls=" + client, "--advertise-client-urls=" + client,
-		"--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer, "--initial-cluster=" + n.Name + "=" + peer,
-		"--cert-file=" + n.Path(etcdtest.ServerCert), "--key-file=" + n.Path(etcdtest.ServerKey), "--trusted-ca-file=" + n.Path(etcdtest.CACert), "--client-cert-auth=true",
-		"--peer-cert-file=" + n.Path(etcdtest.PeerCert), "--peer-key-file=" + n.Path(etcdtest.PeerKey), "--peer-trusted-ca-file=" + n.Path(etcdtest.CACert), "--peer-client-cert-auth=true",
-		"--listen-metrics-urls=http://127.0.0.1:2381", "--log-level=error"}
-	cmd := exec.Command(bin, args...)
-	logf, err := os.Create(filepath.Join(t.TempDir(), "etcd.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-		logf.Close()
-	})
-	tlsInfo := transport.TLSInfo{CertFile: n.Path(etcdtest.HCCert), KeyFile: n.Path(etcdtest.HCKey), TrustedCAFile: n.Path(etcdtest.CACert)}
-	tlsCfg, err := tlsInfo.ClientConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, TLS: tlsCfg, DialTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	const keys = 500
-	deadline := time.Now().Add(60 * time.Second)
-	for i := 0; i < keys; {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := c.Put(ctx, fmt.Sprintf("/registry/secrets/default/s%03d", i), strings.Repeat("v", 512))
-		cancel()
-		if err == nil {
-			i++
-			continue
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(logf.Name())
-			t.Fatalf("etcd %s not writable in 60s: %v\n%s", bin, err, b)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	etcdtest.StartBinaryOn(t, n.Node, bin, "registry.k8s.io/etcd:3.6.8-0", 2379, 2380).PutKeys("/registry/secrets/default/s", keys, 512)
 	return keys
 }

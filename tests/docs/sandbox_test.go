@@ -10,7 +10,6 @@ package docs_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -322,38 +321,12 @@ func open(t *testing.T, page string) *docs.Page {
 	return p
 }
 
-func copyFile(t *testing.T, src, dst string, mode os.FileMode) {
-	t.Helper()
-	in, err := os.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // --- the node's state, as kubeadm and the image leave it ---
 
 // clusterFile is the cluster file the boot stage writes; extra is more
 // top-level keys (providerConfig, for one).
 func (n *node) clusterFile(role, pin, extra string) {
-	n.Write(paths.ClusterFile, fmt.Sprintf(`cluster_token: %s
-control_plane_host: 10.0.0.11
-role: %s
-config: |
-  clusterConfiguration:
-    kubernetesVersion: %s
-    controlPlaneEndpoint: 10.0.0.11:6443
-%s`, testutil.Token, role, pin, extra), 0o600)
+	n.ClusterFile(role, pin, extra)
 	// What the plugin wrote at agent.boot (its boot stage wrote the file above).
 	n.Write(paths.ClusterYipFile, "#cloud-config\nname: provider-kubernetes\n", 0o600)
 }

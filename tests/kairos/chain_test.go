@@ -10,7 +10,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -160,25 +159,6 @@ func bindRO(t *testing.T, src, dst string) {
 	}
 }
 
-func copyFile(t *testing.T, src, dst string, mode os.FileMode) {
-	t.Helper()
-	in, err := os.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func newChroot(t *testing.T, dir string) *chroot {
 	c := &chroot{t: t, root: filepath.Join(dir, "root")}
 	mount(t, "tmpfs", c.root, "tmpfs", 0, "mode=0755")
@@ -208,8 +188,8 @@ func newChroot(t *testing.T, dir string) *chroot {
 	}
 	// The real agent (on /usr/local/bin: the host's /usr is read-only here),
 	// the provider where Kairos finds plugins, kairos-init's notify stage.
-	copyFile(t, os.Getenv(agentEnv), c.path("usr/local/bin/kairos-agent"), 0o755)
-	copyFile(t, os.Getenv(providerEnv), c.path(paths.ProviderPlugin), 0o755)
+	testutil.CopyFile(t, os.Getenv(agentEnv), c.path("usr/local/bin/kairos-agent"), 0o755)
+	testutil.CopyFile(t, os.Getenv(providerEnv), c.path(paths.ProviderPlugin), 0o755)
 	c.write(kairos.NotifyStageFile, []byte(kairos.NotifyStage), 0o644)
 	// No systemd in a chroot: the boot stage's `systemctl start` is recorded.
 	c.write("usr/local/bin/systemctl", []byte("#!/bin/sh\necho \"$*\" >> /run/systemctl.log\n"), 0o755)

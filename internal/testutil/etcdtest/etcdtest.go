@@ -265,10 +265,18 @@ func (e *Etcd) startEmbedded() {
 // member, with the manifest naming image; extra are more etcd flags.
 func StartBinary(t testing.TB, node *testutil.Node, bin, image string, extra ...string) *Etcd {
 	t.Helper()
+	return StartBinaryOn(t, node, bin, image, FreePort(t), FreePort(t), extra...)
+}
+
+// StartBinaryOn is StartBinary on the given client and peer ports (2379
+// and 2380 where a command of the docs names them, in a network namespace
+// of the test's own).
+func StartBinaryOn(t testing.TB, node *testutil.Node, bin, image string, clientPort, peerPort int, extra ...string) *Etcd {
+	t.Helper()
 	if !node.Exists(CACert) {
 		NewPKI(t, node)
 	}
-	e := &Etcd{t: t, Node: node, ClientPort: FreePort(t), PeerPort: FreePort(t), DataDir: node.Path(DataDir)}
+	e := &Etcd{t: t, Node: node, ClientPort: clientPort, PeerPort: peerPort, DataDir: node.Path(DataDir)}
 	e.ClientURL = fmt.Sprintf("https://127.0.0.1:%d", e.ClientPort)
 	node.Write(paths.EtcdManifest, Manifest(node.Name, image, e.ClientPort, e.PeerPort), 0o600)
 	peer := fmt.Sprintf("https://127.0.0.1:%d", e.PeerPort)
