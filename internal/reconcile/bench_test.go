@@ -23,6 +23,23 @@ func (c *countingRunner) Run(ctx context.Context, cmd runner.Cmd) (runner.Result
 	return c.inner.Run(ctx, cmd)
 }
 
+// convergedNode is a sandbox node converged at v1.37.2 in role, a member
+// of a cluster played by a loopback HTTPS API.
+func convergedNode(b *testing.B, role string) *testutil.Node {
+	n := testutil.NewNode(b, "n1")
+	api := testutil.NewAPI(b, "v1.37.2")
+	n.ClusterFile(role, "v1.37.2", "")
+	n.Bundle("v1.37.2")
+	n.Member(api)
+	api.SetNode("n1", "v1.37.2", true)
+	if role == "controlplane" {
+		n.ControlPlane("v1.37.2")
+	} else {
+		n.Write(paths.StatusMirror, "phase: Converged\nmember: true\nnodeVersion: v1.37.2\n", 0o644)
+	}
+	return n
+}
+
 // BenchmarkConvergedPass is a whole boot-time pass on a converged node of a
 // sandbox root: lock, cluster file, bundle manifest, membership, node
 // version, one API read for the skew warning, plan, status (two atomic
@@ -30,17 +47,7 @@ func (c *countingRunner) Run(ctx context.Context, cmd runner.Cmd) (runner.Result
 func BenchmarkConvergedPass(b *testing.B) {
 	for _, role := range []string{"controlplane", "worker"} {
 		b.Run(role, func(b *testing.B) {
-			n := testutil.NewNode(b, "n1")
-			api := testutil.NewAPI(b, "v1.37.2")
-			n.ClusterFile(role, "v1.37.2", "")
-			n.Bundle("v1.37.2")
-			n.Member(api)
-			api.SetNode("n1", "v1.37.2", true)
-			if role == "controlplane" {
-				n.ControlPlane("v1.37.2")
-			} else {
-				n.Write(paths.StatusMirror, "phase: Converged\nmember: true\nnodeVersion: v1.37.2\n", 0o644)
-			}
+			n := convergedNode(b, role)
 			if err := os.MkdirAll(n.Path("/var/log"), 0o755); err != nil {
 				b.Fatal(err)
 			}

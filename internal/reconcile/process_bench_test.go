@@ -39,17 +39,7 @@ func BenchmarkConvergedProcess(b *testing.B) {
 	kubeadm := testbin.Kubeadm(b, "v1.37.2")
 	for _, role := range []string{"controlplane", "worker"} {
 		b.Run(role, func(b *testing.B) {
-			n := testutil.NewNode(b, "n1")
-			api := testutil.NewAPI(b, "v1.37.2")
-			n.ClusterFile(role, "v1.37.2", "")
-			n.Bundle("v1.37.2")
-			n.Member(api)
-			api.SetNode("n1", "v1.37.2", true)
-			if role == "controlplane" {
-				n.ControlPlane("v1.37.2")
-			} else {
-				n.Write(paths.StatusMirror, "phase: Converged\nmember: true\nnodeVersion: v1.37.2\n", 0o644)
-			}
+			n := convergedNode(b, role)
 			type job struct {
 				name string
 				bin  string
