@@ -43,6 +43,7 @@ var ErrCollectTarget = errors.New("collect target")
 // file name (etcd.yaml, ...) and the image tag of its container.
 type Saved struct {
 	Dir, File, Tag string
+	data           []byte // the bytes the tag was read from: what is copied
 }
 
 // Want is the version to go back to: the control plane's Kubernetes
@@ -163,7 +164,7 @@ func ListSaved(root paths.Root) (saved []Saved, skipped []string, err error) {
 				skipped = append(skipped, fmt.Sprintf("%s/%s: %v", dir, f.Name(), err))
 				continue
 			}
-			saved = append(saved, Saved{Dir: dir, File: f.Name(), Tag: observe.ImageTag(img)})
+			saved = append(saved, Saved{Dir: dir, File: f.Name(), Tag: observe.ImageTag(img), data: b})
 		}
 	}
 	return saved, skipped, nil
@@ -178,9 +179,11 @@ func isComponent(c string) bool {
 	return false
 }
 
-// CollectManifests copies the chosen copies into to (a host path, created
-// 0700; it must not exist or be empty), each 0600 as kubeadm writes them,
-// and re-reads each one. Nothing is copied unless every component has one.
+// CollectManifests copies the chosen copies into to (a host path; it must
+// not exist or be empty; made a 0700 directory by fsutil.EnsureDir, which
+// never reuses one another user owns or can write), each 0600 as kubeadm
+// writes them, byte for byte what the choice was made on. Nothing is
+// copied unless every component has one.
 func CollectManifests(root paths.Root, w Want, to string) (Collected, error) {
 	c := Collected{Want: w, To: to}
 	if !path.IsAbs(to) || path.Clean(to) != to {
@@ -210,11 +213,7 @@ func CollectManifests(root paths.Root, w Want, to string) (Collected, error) {
 	}
 	for _, comp := range Components {
 		s := c.From[comp]
-		b, err := fsutil.ReadFileTrusted(root.Path(s.Dir+"/"+s.File), 1<<20)
-		if err != nil {
-			return c, err
-		}
-		if err := fsutil.WriteFileAtomic(root.Path(to+"/"+s.File), b, 0o600); err != nil {
+		if err := fsutil.WriteFileAtomic(root.Path(to+"/"+s.File), s.data, 0o600); err != nil {
 			return c, fmt.Errorf("copy %s/%s: %w", s.Dir, s.File, err)
 		}
 	}

@@ -6,9 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
@@ -25,10 +27,10 @@ func TestChooseSaved(t *testing.T) {
 	// d2; the 1.36 apiserver in d3; in d4 the 1.37 apiserver (re-applied)
 	// and the 1.36 controller-manager and scheduler. d1 holds 1.35's.
 	cut := []Saved{
-		{d1, "etcd.yaml", "3.6.5-0"}, {d1, "kube-apiserver.yaml", "v1.35.4"}, {d1, "kube-controller-manager.yaml", "v1.35.4"}, {d1, "kube-scheduler.yaml", "v1.35.4"},
-		{d2, "etcd.yaml", "3.6.8-0"},
-		{d3, "kube-apiserver.yaml", "v1.36.3"},
-		{d4, "kube-apiserver.yaml", "v1.37.2"}, {d4, "kube-controller-manager.yaml", "v1.36.3"}, {d4, "kube-scheduler.yaml", "v1.36.3"},
+		{Dir: d1, File: "etcd.yaml", Tag: "3.6.5-0"}, {Dir: d1, File: "kube-apiserver.yaml", Tag: "v1.35.4"}, {Dir: d1, File: "kube-controller-manager.yaml", Tag: "v1.35.4"}, {Dir: d1, File: "kube-scheduler.yaml", Tag: "v1.35.4"},
+		{Dir: d2, File: "etcd.yaml", Tag: "3.6.8-0"},
+		{Dir: d3, File: "kube-apiserver.yaml", Tag: "v1.36.3"},
+		{Dir: d4, File: "kube-apiserver.yaml", Tag: "v1.37.2"}, {Dir: d4, File: "kube-controller-manager.yaml", Tag: "v1.36.3"}, {Dir: d4, File: "kube-scheduler.yaml", Tag: "v1.36.3"},
 	}
 	for _, tc := range []struct {
 		name    string
@@ -40,8 +42,8 @@ func TestChooseSaved(t *testing.T) {
 		{name: "spread over three runs", saved: cut, want: want136,
 			from: map[string]string{"etcd": d2, "kube-apiserver": d3, "kube-controller-manager": d4, "kube-scheduler": d4}},
 		{name: "the newest copy at the version wins", want: want136,
-			saved: []Saved{{d2, "etcd.yaml", "3.6.8-0"}, {d3, "etcd.yaml", "3.6.8-0"}, {d2, "kube-apiserver.yaml", "v1.36.3"}, {d4, "kube-apiserver.yaml", "v1.36.3"},
-				{d2, "kube-controller-manager.yaml", "v1.36.3"}, {d2, "kube-scheduler.yaml", "v1.36.3"}},
+			saved: []Saved{{Dir: d2, File: "etcd.yaml", Tag: "3.6.8-0"}, {Dir: d3, File: "etcd.yaml", Tag: "3.6.8-0"}, {Dir: d2, File: "kube-apiserver.yaml", Tag: "v1.36.3"}, {Dir: d4, File: "kube-apiserver.yaml", Tag: "v1.36.3"},
+				{Dir: d2, File: "kube-controller-manager.yaml", Tag: "v1.36.3"}, {Dir: d2, File: "kube-scheduler.yaml", Tag: "v1.36.3"}},
 			from: map[string]string{"etcd": d3, "kube-apiserver": d4, "kube-controller-manager": d2, "kube-scheduler": d2}},
 		{name: "the older minor", saved: cut, want: Want{Kubernetes: version.MustParse("v1.35.4"), EtcdTag: "3.6.5-0"},
 			from: map[string]string{"etcd": d1, "kube-apiserver": d1, "kube-controller-manager": d1, "kube-scheduler": d1}},
@@ -179,5 +181,55 @@ func TestCollectManifestsSkipsUntrusted(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(root, to)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the target exists after a refusal: %v", err)
+	}
+}
+
+// TestCollectManifestsNeverUsesAForeignTarget: an empty --to directory
+// another user owns (who could swap a manifest between the copy and
+// restore-etcd) is moved aside and a fresh root 0700 one holds the copies;
+// a symlink at --to is refused and nothing is written through it.
+func TestCollectManifestsNeverUsesAForeignTarget(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := t.TempDir()
+	saveManifests(t, root, map[string]map[string]string{
+		"kubeadm-backup-manifests-2026-12-01-05-21-10": {"etcd": "registry.k8s.io/etcd:3.6.8-0", "kube-apiserver": "registry.k8s.io/kube-apiserver:v1.36.3",
+			"kube-controller-manager": "registry.k8s.io/kube-controller-manager:v1.36.3", "kube-scheduler": "registry.k8s.io/kube-scheduler:v1.36.3"},
+	})
+	const to = "/etc/kubernetes/tmp/restore-v1.36.3"
+	full := filepath.Join(root, to)
+	if err := os.Mkdir(full, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(full, 4242, 4242); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CollectManifests(paths.Root(root), want136, to); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(full, &st); err != nil || st.Uid != 0 || st.Mode&0o777 != 0o700 {
+		t.Fatalf("target uid %d mode %o (%v), want a fresh root 0700 directory", st.Uid, st.Mode&0o777, err)
+	}
+	aside, _ := filepath.Glob(full + ".untrusted-*")
+	if len(aside) != 1 {
+		t.Fatalf("the foreign directory was not moved aside: %v", aside)
+	}
+	if ents, _ := os.ReadDir(aside[0]); len(ents) != 0 {
+		t.Fatalf("a manifest was written into the foreign directory: %v", ents)
+	}
+
+	elsewhere := filepath.Join(root, "elsewhere")
+	if err := os.Mkdir(elsewhere, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	const link = "/etc/kubernetes/tmp/restore-link"
+	if err := os.Symlink(elsewhere, filepath.Join(root, link)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CollectManifests(paths.Root(root), want136, link); !errors.Is(err, ErrCollectTarget) {
+		t.Fatalf("through a symlink: %v", err)
+	}
+	if ents, _ := os.ReadDir(elsewhere); len(ents) != 0 {
+		t.Fatalf("written through the symlink: %v", ents)
 	}
 }
