@@ -175,13 +175,7 @@ func (c *Client) Delete(ctx context.Context, namespace, resource, name string) e
 // statusInBody is the failure a successful answer may still carry: a
 // Status that is not Success, where an object was expected.
 func statusInBody(b []byte) error {
-	var st struct {
-		Kind    string `json:"kind"`
-		Status  string `json:"status"`
-		Message string `json:"message"`
-		Reason  string `json:"reason"`
-		Code    int32  `json:"code"`
-	}
+	var st apiStatus
 	// A Status names its kind, literally or with \u escapes: a body with
 	// neither is none (no second decode).
 	if !bytes.Contains(b, []byte(`"Status"`)) && !bytes.Contains(b, []byte(`\u`)) ||

@@ -248,13 +248,7 @@ func answer(resp *http.Response, body []byte, r request) ([]byte, error) {
 	}
 	media, _, _ := mime.ParseMediaType(ctype)
 	if media == "application/json" {
-		var st struct {
-			Kind    string `json:"kind"`
-			Status  string `json:"status"`
-			Message string `json:"message"`
-			Reason  string `json:"reason"`
-			Code    int32  `json:"code"`
-		}
+		var st apiStatus
 		if unmarshalCaseSensitive(body, &st) == nil && st.Kind == "Status" && st.Status == "Failure" {
 			return nil, &StatusError{Code: st.Code, Reason: st.Reason, Message: st.Message}
 		}
@@ -332,4 +326,13 @@ func genericError(code int, verb, group, resource, name, serverMessage string) *
 		message = fmt.Sprintf("%s (%s %s)", message, strings.ToLower(verb), qualified)
 	}
 	return &StatusError{Code: int32(code), Reason: reason, Message: message}
+}
+
+// apiStatus is the part of a metav1.Status the client reads.
+type apiStatus struct {
+	Kind    string `json:"kind"`
+	Status  string `json:"status"`
+	Message string `json:"message"`
+	Reason  string `json:"reason"`
+	Code    int32  `json:"code"`
 }
