@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -153,7 +152,7 @@ func BenchmarkSnapshotStep(b *testing.B) {
 	}
 	bt := secs(bares, func(r benchRun) float64 { return r.took.Seconds() })
 	b.Logf("%d rounds, %d MiB database: min / median / max", b.N, dbSize>>20)
-	b.Logf("  bare etcdctl            %s", mmm(bt, "%.3fs"))
+	b.Logf("  bare etcdctl            %s", testutil.MinMedianMax(bt, "%.3fs"))
 	for _, p := range providers {
 		rs := runs[p.Name]
 		st := secs(rs, func(r benchRun) float64 { return r.took.Seconds() })
@@ -162,23 +161,23 @@ func BenchmarkSnapshotStep(b *testing.B) {
 			ratio[i] = st[i] / bt[i] // the same round's bare run
 		}
 		hwm := secs(rs, func(r benchRun) float64 { return float64(r.hwm) / (1 << 20) })
-		b.Logf("  %-10s step        %s", p.Name, mmm(st, "%.3fs"))
-		b.Logf("  %-10s step/bare   %s", p.Name, mmm(ratio, "%.3f"))
-		b.Logf("  %-10s save        %s", p.Name, mmm(secs(rs, func(r benchRun) float64 { return r.save.Seconds() }), "%.3fs"))
-		b.Logf("  %-10s verify      %s", p.Name, mmm(secs(rs, func(r benchRun) float64 { return r.verify.Seconds() }), "%.3fs"))
-		b.Logf("  %-10s peak RSS    %s", p.Name, mmm(hwm, "%.1f MiB"))
+		b.Logf("  %-10s step        %s", p.Name, testutil.MinMedianMax(st, "%.3fs"))
+		b.Logf("  %-10s step/bare   %s", p.Name, testutil.MinMedianMax(ratio, "%.3f"))
+		b.Logf("  %-10s save        %s", p.Name, testutil.MinMedianMax(secs(rs, func(r benchRun) float64 { return r.save.Seconds() }), "%.3fs"))
+		b.Logf("  %-10s verify      %s", p.Name, testutil.MinMedianMax(secs(rs, func(r benchRun) float64 { return r.verify.Seconds() }), "%.3fs"))
+		b.Logf("  %-10s peak RSS    %s", p.Name, testutil.MinMedianMax(hwm, "%.1f MiB"))
 		prefix := ""
 		if len(providers) > 1 {
 			prefix = p.Name + "-"
 		}
-		b.ReportMetric(median(ratio), prefix+"step/bare")
+		b.ReportMetric(testutil.Median(ratio), prefix+"step/bare")
 		b.ReportMetric(slices.Max(ratio), prefix+"max-step/bare")
-		b.ReportMetric(median(st), prefix+"step-s")
+		b.ReportMetric(testutil.Median(st), prefix+"step-s")
 		b.ReportMetric(slices.Max(hwm), prefix+"provider-peak-RSS-MiB")
 		b.ReportMetric(slices.Max(secs(rs, func(r benchRun) float64 { return float64(r.anon) / (1 << 20) })), prefix+"provider-peak-anon-MiB")
 		b.ReportMetric(slices.Max(secs(rs, func(r benchRun) float64 { return float64(r.children) / (1 << 20) })), prefix+"step-tools-peak-RSS-MiB")
 	}
-	b.ReportMetric(median(bt), "bare-s")
+	b.ReportMetric(testutil.Median(bt), "bare-s")
 	b.ReportMetric(slices.Max(secs(bares, func(r benchRun) float64 { return float64(r.hwm) / (1 << 20) })), "etcdctl-peak-RSS-MiB")
 	b.ReportMetric(float64(dbSize)/(1<<20), "db-MiB")
 }
@@ -355,24 +354,4 @@ func statusField(s, field string) int64 {
 		}
 	}
 	return 0
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return math.NaN()
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-// mmm formats min / median / max.
-func mmm(v []float64, format string) string {
-	if len(v) == 0 {
-		return "-"
-	}
-	return fmt.Sprintf(format+" / "+format+" / "+format, slices.Min(v), median(v), slices.Max(v))
 }

@@ -3,8 +3,6 @@ package reconcile
 import (
 	"bytes"
 	"fmt"
-	"math"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -73,10 +71,10 @@ func BenchmarkConvergedProcess(b *testing.B) {
 			}
 			b.StopTimer()
 			bare := took["kubeadm"]
-			b.ReportMetric(median(bare), "kubeadm-ms")
+			b.ReportMetric(testutil.Median(bare), "kubeadm-ms")
 			// One line each (the testing package keeps 10 lines of a
 			// benchmark's log), and none for its N=1 probe run.
-			log := fmt.Sprintf("%d rounds (%s), min / median / max:\n  kubeadm version -o short  %s (CPU %s)", b.N, role, mmm(bare, "%.1f ms"), mmm(cpu["kubeadm"], "%.1f"))
+			log := fmt.Sprintf("%d rounds (%s), min / median / max:\n  kubeadm version -o short  %s (CPU %s)", b.N, role, testutil.MinMedianMax(bare, "%.1f ms"), testutil.MinMedianMax(cpu["kubeadm"], "%.1f"))
 			for _, p := range providers {
 				pt := took[p.Name]
 				ratio := make([]float64, len(pt))
@@ -84,14 +82,14 @@ func BenchmarkConvergedProcess(b *testing.B) {
 					ratio[i] = pt[i] / bare[i] // the same round's kubeadm run
 				}
 				log += fmt.Sprintf("\n  %-24s  %s (CPU %s), per-round ratio %s (target <= 0.333), CPU ratio of medians %.3f",
-					p.Name+" reconcile", mmm(pt, "%.1f ms"), mmm(cpu[p.Name], "%.1f"), mmm(ratio, "%.3f"), median(cpu[p.Name])/median(cpu["kubeadm"]))
+					p.Name+" reconcile", testutil.MinMedianMax(pt, "%.1f ms"), testutil.MinMedianMax(cpu[p.Name], "%.1f"), testutil.MinMedianMax(ratio, "%.3f"), testutil.Median(cpu[p.Name])/testutil.Median(cpu["kubeadm"]))
 				prefix := ""
 				if len(providers) > 1 {
 					prefix = p.Name + "-"
 				}
-				b.ReportMetric(median(pt), prefix+"provider-ms")
-				b.ReportMetric(median(ratio), prefix+"provider/kubeadm")
-				b.ReportMetric(median(cpu[p.Name])/median(cpu["kubeadm"]), prefix+"provider/kubeadm-CPU")
+				b.ReportMetric(testutil.Median(pt), prefix+"provider-ms")
+				b.ReportMetric(testutil.Median(ratio), prefix+"provider/kubeadm")
+				b.ReportMetric(testutil.Median(cpu[p.Name])/testutil.Median(cpu["kubeadm"]), prefix+"provider/kubeadm-CPU")
 			}
 			if b.N > 1 {
 				b.Log(log)
@@ -116,24 +114,4 @@ func timeProcess(b *testing.B, bin string, args []string) (wall, cpu time.Durati
 		cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	}
 	return wall, cpu, o.String(), err
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return math.NaN()
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-// mmm formats min / median / max.
-func mmm(v []float64, format string) string {
-	if len(v) == 0 {
-		return "-"
-	}
-	return fmt.Sprintf(format+" / "+format+" / "+format, slices.Min(v), median(v), slices.Max(v))
 }

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/system"
 	"github.com/kairos-io/provider-kubernetes/tests/e2e/harness"
 )
@@ -49,31 +49,29 @@ func BenchmarkConvergedReboot(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	var withK, withR, floorK, floorR []time.Duration
+	var withK, withR, floorK, floorR []float64 // seconds
 	i := 0
 	for b.Loop() {
 		i++
 		k, r := rebootTimes(b, n)
-		withK, withR = append(withK, k), append(withR, r)
+		withK, withR = append(withK, k.Seconds()), append(withR, r.Seconds())
 		progress(b, "reboot %d with the provider: kubelet started after %s, Node Ready after %s", i, k.Round(time.Millisecond), r.Round(time.Millisecond))
 		systemctl("mask")
 		k, r = rebootTimes(b, n)
-		floorK, floorR = append(floorK, k), append(floorR, r)
+		floorK, floorR = append(floorK, k.Seconds()), append(floorR, r.Seconds())
 		progress(b, "reboot %d, the floor (provider units masked): kubelet started after %s, Node Ready after %s", i, k.Round(time.Millisecond), r.Round(time.Millisecond))
 		systemctl("unmask")
 	}
-	mk, mkLo, mkHi := stats(withK)
-	mr, mrLo, mrHi := stats(withR)
-	fk, fkLo, fkHi := stats(floorK)
-	fr, frLo, frHi := stats(floorR)
-	b.ReportMetric(mk.Seconds(), "s-to-kubelet")
-	b.ReportMetric(mr.Seconds(), "s-to-ready")
-	b.ReportMetric(fk.Seconds(), "floor-s-to-kubelet")
-	b.ReportMetric(fr.Seconds(), "floor-s-to-ready")
-	b.ReportMetric(mk.Seconds()/fk.Seconds(), "kubelet-ratio")
-	b.ReportMetric(mr.Seconds()/fr.Seconds(), "ready-ratio")
-	b.Logf("kubelet started: with %s (min %s, max %s), floor %s (min %s, max %s); Node Ready: with %s (min %s, max %s), floor %s (min %s, max %s)",
-		mk, mkLo, mkHi, fk, fkLo, fkHi, mr, mrLo, mrHi, fr, frLo, frHi)
+	mk, mr, fk, fr := testutil.Median(withK), testutil.Median(withR), testutil.Median(floorK), testutil.Median(floorR)
+	b.ReportMetric(mk, "s-to-kubelet")
+	b.ReportMetric(mr, "s-to-ready")
+	b.ReportMetric(fk, "floor-s-to-kubelet")
+	b.ReportMetric(fr, "floor-s-to-ready")
+	b.ReportMetric(mk/fk, "kubelet-ratio")
+	b.ReportMetric(mr/fr, "ready-ratio")
+	const f = "%.2f s"
+	b.Logf("kubelet started (min / median / max): with %s, floor %s; Node Ready: with %s, floor %s",
+		testutil.MinMedianMax(withK, f), testutil.MinMedianMax(floorK, f), testutil.MinMedianMax(withR, f), testutil.MinMedianMax(floorR, f))
 }
 
 // rebootTimes stops and starts n, and returns how long after the start
@@ -121,14 +119,4 @@ func rebootTimes(b testing.TB, n *harness.Node) (kubelet, ready time.Duration) {
 		time.Sleep(250 * time.Millisecond)
 	}
 	return kubelet, ready
-}
-
-// stats are the median, minimum and maximum of d.
-func stats(d []time.Duration) (med, lo, hi time.Duration) {
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	if len(s) == 0 {
-		return 0, 0, 0
-	}
-	return s[len(s)/2], s[0], s[len(s)-1]
 }
