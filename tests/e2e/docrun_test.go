@@ -73,19 +73,35 @@ func (d *docPage) run(hn *haNode, prefix string, env ...string) string {
 // something has come up).
 func (d *docPage) until(hn *haNode, prefix string, budget time.Duration, ok func(string) bool, env ...string) string {
 	d.t.Helper()
+	return d.untilExit(hn, prefix, budget, func(out string, code int) bool { return code == 0 && ok(out) }, env...)
+}
+
+// untilExit is until for a command whose failure can also be the expected
+// answer: ok sees what it printed and its exit code.
+func (d *docPage) untilExit(hn *haNode, prefix string, budget time.Duration, ok func(out string, code int) bool, env ...string) string {
+	d.t.Helper()
 	line := d.cmd(prefix)
 	deadline := time.Now().Add(budget)
 	for {
 		out, code := runLine(d.t, hn, line, env...)
-		if code == 0 && ok(out) {
+		if ok(out, code) {
 			progress(d.t, "%s: docs/%s: %s", hn.name, d.p.Name, line)
 			return out
 		}
 		if time.Now().After(deadline) {
 			d.t.Fatalf("%s: docs/%s: %s: exit %d, not yet as expected after %s\n%s", hn.name, d.p.Name, line, code, budget, out)
 		}
+		// Every attempt that is not yet as expected is in the log: the
+		// first one's answer is often what explains the last.
+		progress(d.t, "%s: docs/%s: not yet (exit %d): %s", hn.name, d.p.Name, code, finalLine(out))
 		time.Sleep(3 * time.Second)
 	}
+}
+
+// finalLine is the last non-empty line of out.
+func finalLine(out string) string {
+	l := strings.Split(strings.TrimSpace(out), "\n")
+	return l[len(l)-1]
 }
 
 // imageSource is the page's `kairos-agent upgrade --source`: the per-minor

@@ -157,9 +157,19 @@ func rejoin(t testing.TB, rj, img *docPage, via, hn *haNode, role string, trees 
 			t.Fatalf("%s is no etcd member: %v", hn.name, ids)
 		}
 		// As the page says: refused while the member has been connected
-		// for less than 5 s; run again a few seconds later.
-		rj.until(via, rj.withCmd("/usr/bin/etcdctl", "member remove", ""), 2*time.Minute, func(out string) bool {
-			return strings.Contains(out, "Member "+ids[hn.name]+" removed")
+		// for less than 5 s; run again a few seconds later. An attempt
+		// that timed out may still have been applied: "member not found"
+		// then, and member list shows it gone.
+		list := rj.withCmd("/usr/bin/etcdctl", "member list", "")
+		rj.untilExit(via, rj.withCmd("/usr/bin/etcdctl", "member remove", ""), 2*time.Minute, func(out string, code int) bool {
+			if code == 0 && strings.Contains(out, "Member "+ids[hn.name]+" removed") {
+				return true
+			}
+			if code == 0 || !strings.Contains(out, "etcdserver: member not found") {
+				return false
+			}
+			now, _ := memberList(t, rj.run(via, list))
+			return now[hn.name] == ""
 		}, "MEMBER_ID="+ids[hn.name])
 	}
 	rj.run(via, "kubectl --kubeconfig /etc/kubernetes/admin.conf delete node", "NODE="+hn.name)
