@@ -28,6 +28,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/wait"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
 // Prefix starts every annotation the provider writes on a Node.
@@ -53,6 +54,15 @@ const (
 
 // Event is the log line of a publish.
 const Event = "node-publish"
+
+// EventClusterAhead is the log line (and ReasonClusterAhead the Node's
+// Event) when a converged node runs an older version than the cluster. A
+// pass verified at its pin does not read the cluster at boot (nothing it
+// decides depends on it): publish, which waits for the API anyway, tells.
+const (
+	EventClusterAhead  = "cluster-ahead"
+	ReasonClusterAhead = "ClusterAhead"
+)
 
 // MaxMessage bounds the message annotation.
 const MaxMessage = 500
@@ -136,14 +146,28 @@ func Run(ctx context.Context, o Options) error {
 	// whose events are on the Node.
 	pass := d.BootID + " " + d.Time
 	marker := o.Root.Path(paths.PublishedMarker)
-	done := 0
+	done, republish := 0, false
 	if b, err := fsutil.ReadFileNoFollow(marker, 4<<10); err == nil && strings.TrimSpace(string(b)) == pass {
-		done = len(d.Events)
+		done, republish = len(d.Events), true
 	}
 	start := o.Clock.Now()
 	annotations := Annotations(d)
-	b := wait.Budget{Total: o.Budget, Interval: 5 * time.Second, PerAttempt: o.APIRequest * time.Duration(2+len(d.Events))}
+	// The cluster's version, when the pass did not read it: for the
+	// annotation and the "cluster ahead" warning. Best effort: a failed
+	// read is retried with the next attempt but never fails the publish.
+	cluster, clusterErr := version.Version{}, error(nil)
+	if c, err := version.Parse(d.ClusterVersion); err == nil {
+		cluster = c
+	}
+	nodeV, nodeErr := version.Parse(d.NodeVersion)
+	aheadDone := republish // its warning too is on the Node already
+	b := wait.Budget{Total: o.Budget, Interval: 5 * time.Second, PerAttempt: o.APIRequest * time.Duration(3+len(d.Events))}
 	err = wait.Poll(ctx, o.Clock, b, "publish the last pass on node "+node, func(ctx context.Context) (bool, error) {
+		if cluster.IsZero() {
+			if cluster, clusterErr = client.ClusterVersion(ctx); clusterErr == nil {
+				annotations[Prefix+KeyClusterVersion] = cluster.String()
+			}
+		}
 		if err := client.Annotate(ctx, node, annotations); err != nil {
 			return false, err
 		}
@@ -158,9 +182,20 @@ func Run(ctx context.Context, o Options) error {
 			}
 			done++
 		}
+		if !aheadDone && d.Phase == status.PhaseConverged && nodeErr == nil && !cluster.IsZero() && nodeV.Less(cluster) {
+			msg := fmt.Sprintf("the cluster is at %s, ahead of this node's %s: bump the pin and boot the matching image to follow", cluster, nodeV)
+			if err := client.NodeEvent(ctx, node, "Warning", ReasonClusterAhead, msg, o.Clock.Now()); err != nil {
+				return false, err
+			}
+			o.Log.Warn(EventClusterAhead, "node", node, "node_version", nodeV.String(), "cluster_version", cluster.String(), "warning", msg)
+			aheadDone = true
+		}
 		return true, nil
 	})
 	attrs := []any{"outcome", "ok", "node", node, "annotations", len(annotations), "events", done, "duration", o.Clock.Now().Sub(start).Round(time.Millisecond).String()}
+	if clusterErr != nil {
+		attrs = append(attrs, "detail", "cluster version not read: "+runner.Sanitize(clusterErr.Error(), 300))
+	}
 	if err != nil {
 		attrs[1] = "failed"
 		o.Log.Error(Event, append(attrs, "error", runner.Sanitize(err.Error(), 400))...)

@@ -99,6 +99,48 @@ func TestPublishOnTheNodesOwnNode(t *testing.T) {
 	}
 }
 
+// Issue 16: a converged pass verified at its pin reads nothing from the
+// API at boot, so its document has no cluster version. Publish reads it:
+// the annotation carries it, and a cluster ahead of the node is a Warning
+// Event and a cluster-ahead line, once per pass; a node at the cluster's
+// version gets neither.
+func TestPublishTellsAClusterAheadOfAConvergedNode(t *testing.T) {
+	e := newEnv(t)
+	d := doc(status.PhaseConverged)
+	d.Pin, d.Bundled, d.NodeVersion, d.ClusterVersion = "v1.36.3", "v1.36.3", "v1.36.3", ""
+	if err := status.Write(e.node.R(), d); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := e.run(t, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a := e.api.NodeAnnotations("n1"); a[Prefix+"cluster-version"] != "v1.37.2" {
+		t.Fatalf("cluster-version annotation %q", a[Prefix+"cluster-version"])
+	}
+	evs := e.api.Events()
+	if len(evs) != 1 || evs[0].Type != "Warning" || evs[0].Reason != ReasonClusterAhead || !strings.Contains(evs[0].Message, "the cluster is at v1.37.2, ahead of this node's v1.36.3") {
+		t.Fatalf("events after publishing one pass twice: %+v", evs)
+	}
+	if n := strings.Count(e.log.String(), "msg=cluster-ahead node=n1 node_version=v1.36.3 cluster_version=v1.37.2"); n != 1 {
+		t.Fatalf("%d cluster-ahead lines:\n%s", n, e.log.String())
+	}
+
+	// At the cluster's version: the annotation, no warning.
+	e = newEnv(t)
+	d.Pin, d.Bundled, d.NodeVersion, d.BootID = "v1.37.2", "v1.37.2", "v1.37.2", "b-2"
+	if err := status.Write(e.node.R(), d); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.run(t, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if a := e.api.NodeAnnotations("n1"); a[Prefix+"cluster-version"] != "v1.37.2" || len(e.api.Events()) != 0 || strings.Contains(e.log.String(), "cluster-ahead") {
+		t.Fatalf("at the cluster's version: annotation %q, events %+v\n%s", a[Prefix+"cluster-version"], e.api.Events(), e.log.String())
+	}
+}
+
 // The API down: publish keeps trying within its budget, then fails; the
 // pass itself never waited on it (it is not part of the pass).
 func TestPublishIsBounded(t *testing.T) {

@@ -2,6 +2,8 @@ package reconcile
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -242,27 +244,38 @@ func TestPassRecordsItsEvents(t *testing.T) {
 	}
 }
 
-// Issue 16: a converged boot never waits on the network. A control plane at
-// its pin and verified there, its own apiserver not up yet at boot: one
-// request for the cluster version (it only feeds a warning), no retry, no
-// sleep, converged.
+// Issue 16: a converged boot never waits on the network. A node at its pin
+// and verified there reads nothing from the API (no plan depends on the
+// cluster version then; publish tells a cluster ahead). Without a record
+// of its verification (bootstrapped by an earlier release) the cluster
+// version tells converged from an interrupted apply: one request, no
+// retry, no sleep (a control plane's own apiserver is not up at boot).
 func TestConvergedPassNeverWaitsOnTheNetwork(t *testing.T) {
 	for _, role := range []string{"controlplane", "worker"} {
-		t.Run(role, func(t *testing.T) {
-			e := newEnv(t, role, "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "")
-			e.api.SetDown(true)
-			start := e.clock.Now()
-			res := e.run(Steps{})
-			if res.ExitCode != ExitOK || len(e.lines()) != 0 {
-				t.Fatalf("exit %d %v ran %q", res.ExitCode, res.Err, e.lines())
-			}
-			if waited := e.clock.Now().Sub(start); waited != 0 {
-				t.Fatalf("a converged pass waited %s", waited)
-			}
-			if n := e.api.Requests(); n != 1 {
-				t.Fatalf("a converged pass made %d API requests (%q), want one attempt", n, e.api.Paths())
-			}
-		})
+		for _, record := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/verified-record=%v", role, record), func(t *testing.T) {
+				e := newEnv(t, role, "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "")
+				want := 0
+				if !record {
+					if err := os.Remove(e.node.Path(paths.VerifiedRecord)); err != nil {
+						t.Fatal(err)
+					}
+					want = 1
+				}
+				e.api.SetDown(true)
+				start := e.clock.Now()
+				res := e.run(Steps{})
+				if res.ExitCode != ExitOK || len(e.lines()) != 0 || res.Plan.Verdict != plan.VerdictNone {
+					t.Fatalf("exit %d %v ran %q plan %+v", res.ExitCode, res.Err, e.lines(), res.Plan)
+				}
+				if waited := e.clock.Now().Sub(start); waited != 0 {
+					t.Fatalf("a converged pass waited %s", waited)
+				}
+				if n := e.api.Requests(); n != want {
+					t.Fatalf("a converged pass made %d API requests (%q), want %d", n, e.api.Paths(), want)
+				}
+			})
+		}
 	}
 	// Not verified at the pin: not converged, the cluster version decides
 	// (here it is behind: the interrupted apply is resumed once the API is up).

@@ -144,10 +144,21 @@ func Gather(ctx context.Context, o *observe.Observer, ov Overrides, clusterBudge
 		f.Cluster = *ov.Cluster
 		return obs
 	}
-	if pin, err := version.Parse(f.Pin); err == nil && pin == f.Node && (f.Verified.IsZero() || !f.Verified.Less(pin)) {
-		// Converged (at the pin, verified there): the cluster version only
-		// feeds a warning. One attempt, never a wait: at boot a control
-		// plane's own apiserver is not up yet.
+	pin, perr := version.Parse(f.Pin)
+	if perr == nil && pin == f.Node && f.Verified == pin {
+		// Converged and verified at the pin: no plan reads the cluster
+		// version (an interrupted apply would have left the record older),
+		// it would only feed the "cluster ahead" warning. Nothing is read
+		// on the boot's critical path; the publish step, which waits for
+		// the API anyway, compares the node with the cluster.
+		note("cluster version not read: this node was verified at the pin (the publish step compares it with the cluster)")
+		return obs
+	}
+	if perr == nil && pin == f.Node && (f.Verified.IsZero() || !f.Verified.Less(pin)) {
+		// At the pin with no record of its verification (a node
+		// bootstrapped by an earlier release): the cluster version tells a
+		// converged node from an interrupted apply. One attempt, never a
+		// wait: at boot a control plane's own apiserver is not up yet.
 		v, err := o.ClusterVersionOnce(ctx, obs.Client)
 		if err != nil {
 			note("cluster version not read on a converged boot (one attempt): " + err.Error())

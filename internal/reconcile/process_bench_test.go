@@ -19,8 +19,9 @@ import (
 // pass, the exit), side by side with a bare `kubeadm version -o short` of
 // the real kubeadm v1.37.2 the node bundles, started the same way. The
 // sandbox is BenchmarkConvergedPass's converged node (cluster file, bundle
-// manifest, kubelet.conf with a client certificate, the one API read
-// answered by a real HTTPS API stand-in). Each iteration is one round: the
+// manifest, kubelet.conf with a client certificate, the verified record
+// at the pin, so no API read; an HTTPS API stand-in answers if one is
+// made). Each iteration is one round: the
 // bare kubeadm and each provider binary once, in an order that rotates
 // every round; every provider run must exit 0 with phase Converged and no
 // actions in its status.
