@@ -365,6 +365,20 @@ func TestHAUpgrade(t *testing.T) {
 	}
 	waitNodes(t, cp1.n, "v1.36.3", "w1")
 	check("early worker", cp1)
+	// Issue 16: converged and verified at 1.36 while the cluster reads
+	// 1.37, its pass read nothing from the API; publish, with the worker's
+	// own kubelet.conf, tells: the cluster-version annotation, a
+	// cluster-ahead line and a ClusterAhead Event.
+	published(t, w1, cp1)
+	if log := reconcileLog(t, w1.n); !strings.Contains(log, "msg=cluster-ahead node=w1 node_version=v1.36.3 cluster_version=v1.37.2") {
+		t.Fatalf("w1 back on 1.36 behind the cluster: no cluster-ahead line\n%s", lastPass(log))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	desc, err := kubectlVia(ctx, cp1, "describe", "node", "w1")
+	cancel()
+	if err != nil || !strings.Contains(desc, "ClusterAhead") || !strings.Contains(desc, "provider-kubernetes.kairos.io/cluster-version: v1.37.2") {
+		t.Fatalf("kubectl describe node w1 does not tell the cluster is ahead (%v):\n%s", err, desc)
+	}
 
 	// The followers, one at a time. On cp2, a kubelet flag 1.37 removed is
 	// planted in kubeadm-flags.env before the swap: its new kubelet
@@ -450,8 +464,8 @@ func TestHAUpgrade(t *testing.T) {
 	published(t, w1, cp1)
 	rollout(t, "worker upgrade node", cp1, 0, "nothing: every node is converged at v1.37.2")
 	// kubectl describe node tells the story of cp2's upgrade.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	desc, err := cp1.n.Output(ctx, "/usr/bin/kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", "describe", "node", "cp2")
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	desc, err = cp1.n.Output(ctx, "/usr/bin/kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", "describe", "node", "cp2")
 	cancel()
 	if err != nil || !strings.Contains(desc, "UpgradeStarted") || !strings.Contains(desc, "UpgradeFinished") || !strings.Contains(desc, "provider-kubernetes.kairos.io/phase: Converged") {
 		t.Fatalf("kubectl describe node cp2 does not tell the upgrade (%v):\n%s", err, desc)
