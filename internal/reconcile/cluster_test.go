@@ -277,9 +277,22 @@ func TestConvergedPassNeverWaitsOnTheNetwork(t *testing.T) {
 			})
 		}
 	}
+	// A refusal that does not depend on the cluster version (a control
+	// plane booted back into the previous image, its API down by design)
+	// comes at once: no request, no wait.
+	e := newEnv(t, "controlplane", "v1.36.3", "v1.36.3", "v1.37.2", "v1.37.2", "")
+	e.api.SetDown(true)
+	start := e.clock.Now()
+	res := e.run(Steps{})
+	if res.ExitCode != ExitRefused || res.Plan.Refusal != plan.Downgrade || len(e.lines()) != 0 {
+		t.Fatalf("exit %d %v plan %+v ran %q", res.ExitCode, res.Err, res.Plan, e.lines())
+	}
+	if waited, n := e.clock.Now().Sub(start), e.api.Requests(); waited != 0 || n != 0 {
+		t.Fatalf("a refusal waited %s and made %d API requests (%q)", waited, n, e.api.Paths())
+	}
 	// Not verified at the pin: not converged, the cluster version decides
 	// (here it is behind: the interrupted apply is resumed once the API is up).
-	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.37.2", "v1.36.3", "")
+	e = newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.37.2", "v1.36.3", "")
 	e.node.Write(paths.VerifiedRecord, "v1.36.3\n", 0o644)
 	e.api.SetDown(true)
 	e.api.OnRequest = func(n int) {
@@ -287,7 +300,7 @@ func TestConvergedPassNeverWaitsOnTheNetwork(t *testing.T) {
 			e.api.SetDown(false)
 		}
 	}
-	res := e.run(Steps{})
+	res = e.run(Steps{})
 	if res.ExitCode != ExitOK || !res.Plan.Has(plan.ActionUpgradeApply) {
 		t.Fatalf("exit %d %v plan %v", res.ExitCode, res.Err, res.Plan.Actions)
 	}

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 
+	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/kube"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/wait"
@@ -142,6 +143,14 @@ func Gather(ctx context.Context, o *observe.Observer, ov Overrides, clusterBudge
 
 	if ov.Cluster != nil {
 		f.Cluster = *ov.Cluster
+		return obs
+	}
+	// A refusal decided without the cluster version is the one decided
+	// with it (plan's refusals that need it come after those that do not):
+	// refuse now rather than wait on an API that may be down by design (a
+	// control plane booted back into an older image after a restore).
+	if plan.Decide(images.Window(), *f).Refused() {
+		note("cluster version not read: the refusal does not depend on it")
 		return obs
 	}
 	pin, perr := version.Parse(f.Pin)

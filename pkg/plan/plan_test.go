@@ -191,6 +191,44 @@ func TestRefusalCarriesNoAction(t *testing.T) {
 	}
 }
 
+// A refusal decided with the cluster version unknown is exactly the one
+// decided with any cluster version (every refusal that needs it comes after
+// the ones that do not), whatever the verified record: so the pass may
+// refuse before reading the cluster, rather than wait on an API that is
+// down by design (a control plane booted back into an older image).
+func TestARefusalWithoutTheClusterVersionHoldsWithAny(t *testing.T) {
+	vs := []string{"", "v1.34.5", "v1.35.4", "v1.36.3", "v1.37.1", "v1.37.2", "v1.38.0"}
+	pins := append(append([]string{}, vs...), "1.37", "latest")
+	refusals := 0
+	for _, member := range []bool{false, true} {
+		for _, role := range []Role{"", RoleInit, RoleControlPlane, RoleWorker} {
+			for _, p := range pins {
+				for _, b := range vs {
+					for _, n := range vs {
+						for _, ver := range vs {
+							f := Facts{Member: member, Role: role, Pin: p, Bundled: v(b), Node: v(n), Verified: v(ver)}
+							unknown := Decide(window, f)
+							if !unknown.Refused() {
+								continue
+							}
+							refusals++
+							for _, c := range vs[1:] {
+								f.Cluster = v(c)
+								if known := Decide(window, f); !reflect.DeepEqual(known, unknown) {
+									t.Fatalf("%+v: refused %s with the cluster unknown, %s %s with it at %s", f, unknown.Refusal, known.Verdict, known.Refusal, c)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	if refusals == 0 {
+		t.Fatal("no refusal in the grid")
+	}
+}
+
 // upgrades.md: "A newer pin than the image ships is a hard error, refused
 // before anything runs" — for every member, whatever its version, the
 // cluster's or its role, including one already at the pin (an OS rollback
