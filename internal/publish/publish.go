@@ -67,6 +67,10 @@ const (
 // MaxMessage bounds the message annotation.
 const MaxMessage = 500
 
+// ClusterReadFor bounds how long publish keeps trying to read the cluster
+// version once the pass is on the Node (at most half its budget).
+const ClusterReadFor = 2 * time.Minute
+
 // Annotations is the status document as the Node's annotations: every key
 // is always set (empty when the document has no value), so a refusal of
 // an earlier pass does not linger after a converged one.
@@ -154,7 +158,11 @@ func Run(ctx context.Context, o Options) error {
 	annotations := Annotations(d)
 	// The cluster's version, when the pass did not read it: for the
 	// annotation and the "cluster ahead" warning. Best effort: a failed
-	// read is retried with the next attempt but never fails the publish.
+	// read is retried for up to ClusterReadFor (a control plane's apiserver
+	// just started forbids a node's read of kubeadm-config until its RBAC
+	// cache has synced, while the Node authorizer already lets it annotate
+	// its own Node), but never fails the publish.
+	clusterUntil := start.Add(min(ClusterReadFor, o.Budget/2))
 	cluster, clusterErr := version.Version{}, error(nil)
 	if c, err := version.Parse(d.ClusterVersion); err == nil {
 		cluster = c
@@ -181,6 +189,10 @@ func Run(ctx context.Context, o Options) error {
 				return false, err
 			}
 			done++
+		}
+		if cluster.IsZero() && o.Clock.Now().Before(clusterUntil) {
+			// Published; tried again for the cluster version only.
+			return false, fmt.Errorf("the pass is on the Node; the cluster version is not read yet: %w", clusterErr)
 		}
 		if !aheadDone && d.Phase == status.PhaseConverged && nodeErr == nil && !cluster.IsZero() && nodeV.Less(cluster) {
 			msg := fmt.Sprintf("the cluster is at %s, ahead of this node's %s: bump the pin and boot the matching image to follow", cluster, nodeV)

@@ -127,6 +127,41 @@ func TestPublishTellsAClusterAheadOfAConvergedNode(t *testing.T) {
 		t.Fatalf("%d cluster-ahead lines:\n%s", n, e.log.String())
 	}
 
+	// A control plane's apiserver just started forbids the node's read of
+	// kubeadm-config for a while (its RBAC cache is not synced) but lets it
+	// annotate its Node: publish keeps trying for the cluster version.
+	e = newEnv(t)
+	forbidden := 0
+	e.api.Forbid = func(method, path string) bool {
+		if strings.HasSuffix(path, "/configmaps/kubeadm-config") && forbidden < 3 {
+			forbidden++
+			return true
+		}
+		return false
+	}
+	if err := status.Write(e.node.R(), d); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.run(t, 5*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if evs := e.api.Events(); forbidden != 3 || len(evs) != 1 || evs[0].Reason != ReasonClusterAhead {
+		t.Fatalf("after %d forbidden reads: events %+v\n%s", forbidden, evs, e.log.String())
+	}
+	// Forbidden for good: published all the same, the reason in the line.
+	e = newEnv(t)
+	e.api.Forbid = func(method, path string) bool { return strings.HasSuffix(path, "/configmaps/kubeadm-config") }
+	if err := status.Write(e.node.R(), d); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.run(t, 5*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if a := e.api.NodeAnnotations("n1"); a[Prefix+"phase"] != "Converged" || len(e.api.Events()) != 0 ||
+		!strings.Contains(e.log.String(), `msg=node-publish outcome=ok node=n1`) || !strings.Contains(e.log.String(), `detail="cluster version not read: `) {
+		t.Fatalf("forbidden for good: annotations %v events %+v\n%s", a, e.api.Events(), e.log.String())
+	}
+
 	// At the cluster's version: the annotation, no warning.
 	e = newEnv(t)
 	d.Pin, d.Bundled, d.NodeVersion, d.BootID = "v1.37.2", "v1.37.2", "v1.37.2", "b-2"

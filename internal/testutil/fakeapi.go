@@ -48,6 +48,9 @@ type API struct {
 	paths          []string
 	// OnRequest runs before each request is answered (state changes over time).
 	OnRequest func(n int)
+	// Forbid, when set, answers 403 Forbidden to the requests it returns
+	// true for (an apiserver just started, its RBAC cache not synced yet).
+	Forbid func(method, path string) bool
 	// Pod answers GET of a kube-system pod (static pods mirror what is on disk).
 	Pod func(name string) (*corev1.Pod, bool)
 	// serverVersion is what /version serves ("" follows the cluster version);
@@ -239,6 +242,10 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	if a.down {
 		status(w, http.StatusServiceUnavailable, "apiserver is shutting down")
+		return
+	}
+	if a.Forbid != nil && a.Forbid(r.Method, r.URL.Path) {
+		status(w, http.StatusForbidden, fmt.Sprintf("%s %q is forbidden", strings.ToLower(r.Method), r.URL.Path))
 		return
 	}
 	switch {
