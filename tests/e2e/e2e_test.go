@@ -627,8 +627,39 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 		if k := strings.Count(reconcileLog(t, n), "msg=refuse-") - refusalsBefore; k != 0 {
 			t.Fatalf("converged boot %d logged %d refusal lines", i, k)
 		}
+		kubeletRanThrough(t, n, fmt.Sprintf("converged boot %d", i))
 	}
 	t.Logf("whole scenario: %s, cp1 peak memory %d MiB", time.Since(start).Round(time.Second), n.PeakMemory()>>20)
+}
+
+// kubeletRanThrough waits for the boot's last job (publish, after the pass)
+// and asserts the kubelet started once and is still that process: on a
+// converged boot nothing stops or restarts it (issue 16: a restart costs
+// the node 10 s of Ready; the harness once made the console getty's
+// hangup kill it when the boot ended after the kubelet started).
+func kubeletRanThrough(t testing.TB, n *harness.Node, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
+	defer cancel()
+	if st, err := n.WaitUnit(ctx, "provider-kubernetes-publish.service", 6*time.Minute); err != nil {
+		t.Fatalf("%s: publish %v %v", what, st, err)
+	}
+	state, _ := n.Output(ctx, "systemctl", "is-system-running", "--wait")
+	time.Sleep(2 * time.Second) // a process killed at the boot's end is gone by now
+	out, err := n.Output(ctx, "systemctl", "show", "-p", "NRestarts", "-p", "ActiveState", "-p", "SubState", "kubelet.service")
+	props := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		k, v, _ := strings.Cut(l, "=")
+		props[k] = v
+	}
+	if err != nil || props["NRestarts"] != "0" || props["ActiveState"] != "active" || props["SubState"] != "running" {
+		j, _ := n.Output(ctx, "journalctl", "-b", "--no-pager", "-o", "short-monotonic", "-u", "kubelet.service", "-n", "15")
+		t.Fatalf("%s (system %s): kubelet %q %v, want started once and running\n%s", what, state, out, err, j)
+	}
+	j, _ := n.Output(ctx, "journalctl", "-b", "--no-pager", "-o", "cat", "-u", "kubelet.service")
+	if k := strings.Count(j, "Started kubelet.service"); k != 1 || strings.Contains(j, "Deactivated successfully") {
+		t.Fatalf("%s: the kubelet started %d times or exited in this boot:\n%s", what, k, j)
+	}
 }
 
 // refused asserts a refusal boot: exit 3, UpgradeRefused with the code, a

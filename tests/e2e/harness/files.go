@@ -41,7 +41,12 @@ const ContainerdConfig = `version = 2
 // bind remount flips the mount's flag, a plain remount asks to change the
 // cgroup superblock and gets EBUSY), there is no /dev/kmsg (kubelet's OOM
 // watcher opens it), and / must be rshared for the mount propagation of pod
-// volumes.
+// volumes. /dev/kmsg is /dev/null, never the console: console-getty.service
+// (Type=idle, so it starts when the boot's last job ends) vhangup()s the
+// console, and a kubelet holding it open through /dev/kmsg died of that
+// SIGHUP and came back 10 s later (RestartSec), on every boot whose last
+// job ended after the kubelet started: seen as a converged reboot's Node
+// Ready 11 s later with the provider's units than without (issue 16).
 const fixupUnit = `# Test harness only (tests/e2e/harness): what a real node's kernel gives
 # kubelet and runc and an nspawn container does not.
 [Unit]
@@ -54,7 +59,7 @@ Before=containerd.service kubelet.service
 Type=oneshot
 RemainAfterExit=yes
 ExecStart=/bin/sh -c 'set -e; for d in /sys/fs/cgroup /sys/fs/cgroup/*; do [ -L "$d" ] || mount -o remount,bind,rw "$d"; done'
-ExecStart=/bin/sh -c '[ -e /dev/kmsg ] || ln -s /dev/console /dev/kmsg'
+ExecStart=/bin/sh -c '[ -e /dev/kmsg ] || ln -s /dev/null /dev/kmsg'
 ExecStart=/bin/mount --make-rshared /
 `
 
