@@ -150,9 +150,11 @@ func Run(ctx context.Context, o Options) error {
 	// whose events are on the Node.
 	pass := d.BootID + " " + d.Time
 	marker := o.Root.Path(paths.PublishedMarker)
-	done, republish := 0, false
+	// aheadDone: the "cluster ahead" warning of this pass is on the Node
+	// too, when its events are.
+	done, aheadDone := 0, false
 	if b, err := fsutil.ReadFileNoFollow(marker, 4<<10); err == nil && strings.TrimSpace(string(b)) == pass {
-		done, republish = len(d.Events), true
+		done, aheadDone = len(d.Events), true
 	}
 	start := o.Clock.Now()
 	annotations := Annotations(d)
@@ -168,7 +170,6 @@ func Run(ctx context.Context, o Options) error {
 		cluster = c
 	}
 	nodeV, nodeErr := version.Parse(d.NodeVersion)
-	aheadDone := republish // its warning too is on the Node already
 	b := wait.Budget{Total: o.Budget, Interval: 5 * time.Second, PerAttempt: o.APIRequest * time.Duration(3+len(d.Events))}
 	err = wait.Poll(ctx, o.Clock, b, "publish the last pass on node "+node, func(ctx context.Context) (bool, error) {
 		if cluster.IsZero() {
