@@ -58,8 +58,7 @@ func TestEveryPageIsRun(t *testing.T) {
 }
 
 // Every relative link of a page points at a file of the checkout, and its
-// #anchor at a heading there. The two pages the end-to-end restore and
-// rejoin scenarios will bring may be linked before they exist.
+// #anchor at a heading there.
 func TestLinks(t *testing.T) {
 	pages, err := docs.Pages()
 	if err != nil {
@@ -79,9 +78,6 @@ func TestLinks(t *testing.T) {
 			}
 			b, err := os.ReadFile(path)
 			if err != nil {
-				if file == "rollback-and-restore.md" || file == "reset-and-rejoin.md" {
-					continue
-				}
 				t.Errorf("docs/%s links %s: %v", page, target, err)
 				continue
 			}
