@@ -151,26 +151,37 @@ func (d *docPage) withCmd(prefix, has, hasNot string) string {
 func rejoin(t testing.TB, rj, img *docPage, via, hn *haNode, role string, trees map[string]string) time.Duration {
 	t.Helper()
 	start := time.Now()
+	list := rj.withCmd("/usr/bin/etcdctl", "member list", "")
+	var memberID string
 	if role == "controlplane" {
-		ids, _ := memberList(t, rj.run(via, rj.withCmd("/usr/bin/etcdctl", "member list", "")))
-		if ids[hn.name] == "" {
-			t.Fatalf("%s is no etcd member: %v", hn.name, ids)
+		ids, _ := memberList(t, rj.run(via, list))
+		if memberID = ids[hn.name]; memberID == "" {
+			t.Fatalf("%s is no etcd member before its reset: %v", hn.name, ids)
 		}
-		// As the page says: refused while the member has been connected
-		// for less than 5 s; run again a few seconds later. An attempt
-		// that timed out may still have been applied: "member not found"
-		// then, and member list shows it gone.
-		list := rj.withCmd("/usr/bin/etcdctl", "member list", "")
-		rj.untilExit(via, rj.withCmd("/usr/bin/etcdctl", "member remove", ""), 2*time.Minute, func(out string, code int) bool {
-			if code == 0 && strings.Contains(out, "Member "+ids[hn.name]+" removed") {
-				return true
-			}
-			if code == 0 || !strings.Contains(out, "etcdserver: member not found") {
-				return false
-			}
-			now, _ := memberList(t, rj.run(via, list))
-			return now[hn.name] == ""
-		}, "MEMBER_ID="+ids[hn.name])
+	}
+	// 1. The reset first: it stops the kubelet, which would otherwise
+	// register the Node again after its deletion.
+	rj.run(hn, "provider-kubernetes reset --yes")
+	// 2. The member, if kubeadm reset could not remove it. As the page
+	// says: refused while the member has been connected for less than
+	// 5 s; run again a few seconds later. An attempt that timed out may
+	// still have been applied: "member not found" then, and member list
+	// shows it gone.
+	if role == "controlplane" {
+		if ids, _ := memberList(t, rj.run(via, list)); ids[hn.name] == "" {
+			progress(t, "%s: kubeadm reset removed its etcd member %s", hn.name, memberID)
+		} else {
+			rj.untilExit(via, rj.withCmd("/usr/bin/etcdctl", "member remove", ""), 2*time.Minute, func(out string, code int) bool {
+				if code == 0 && strings.Contains(out, "Member "+memberID+" removed") {
+					return true
+				}
+				if code == 0 || !strings.Contains(out, "etcdserver: member not found") {
+					return false
+				}
+				now, _ := memberList(t, rj.run(via, list))
+				return now[hn.name] == ""
+			}, "MEMBER_ID="+memberID)
+		}
 	}
 	rj.run(via, "kubectl --kubeconfig /etc/kubernetes/admin.conf delete node", "NODE="+hn.name)
 	rj.run(via, "sh -c \"umask 077; provider-kubernetes join-config", "ROLE="+role)
@@ -183,7 +194,6 @@ func rejoin(t testing.TB, rj, img *docPage, via, hn *haNode, role string, trees 
 	if out, err := via.n.Output(ctx, "stat", "-c", "%a %U %F", "/root/join.yaml"); err != nil || out != "600 root regular file" {
 		t.Fatalf("/root/join.yaml: %q %v, want 600 root", out, err)
 	}
-	rj.run(hn, "provider-kubernetes reset --yes")
 	// The operator's edit: the printed section, with this node's own settings.
 	writeCloudConfig(t, hn.n, joinSection(t, printed, hn))
 	if img == nil {
