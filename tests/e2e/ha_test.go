@@ -56,12 +56,51 @@ type versions struct {
 func readVersions(ctx context.Context, via *haNode) (versions, error) {
 	v := versions{apiservers: map[string]version.Version{}, schedulers: map[string]version.Version{},
 		controllerManagers: map[string]version.Version{}, kubelets: map[string]version.Version{}, etcd: map[string]string{}}
-	out, err := kubectlVia(ctx, via, "-n", "kube-system", "get", "pods", "-l", "tier=control-plane", "-o", "json")
+	out, err := kubectlVia(ctx, via, "get", "nodes", "-o", "json")
+	if err != nil {
+		return v, fmt.Errorf("nodes: %w", err)
+	}
+	var nodes struct {
+		Items []struct {
+			Metadata struct {
+				Name   string            `json:"name"`
+				UID    string            `json:"uid"`
+				Labels map[string]string `json:"labels"`
+			} `json:"metadata"`
+			Status struct {
+				NodeInfo struct{ KubeletVersion string } `json:"nodeInfo"`
+			} `json:"status"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(out), &nodes); err != nil {
+		return v, err
+	}
+	uids := map[string]string{}
+	var controlPlanes []string
+	for _, n := range nodes.Items {
+		kv, err := version.ParseReported(n.Status.NodeInfo.KubeletVersion)
+		if err != nil {
+			return v, err
+		}
+		v.kubelets[n.Metadata.Name] = kv
+		uids[n.Metadata.Name] = n.Metadata.UID
+		if _, ok := n.Metadata.Labels["node-role.kubernetes.io/control-plane"]; ok {
+			controlPlanes = append(controlPlanes, n.Metadata.Name)
+		}
+	}
+	out, err = kubectlVia(ctx, via, "-n", "kube-system", "get", "pods", "-l", "tier=control-plane", "-o", "json")
 	if err != nil {
 		return v, fmt.Errorf("pods: %w: %s", err, out)
 	}
 	var pods struct {
 		Items []struct {
+			Metadata struct {
+				Name            string `json:"name"`
+				OwnerReferences []struct {
+					Kind string `json:"kind"`
+					UID  string `json:"uid"`
+				} `json:"ownerReferences"`
+			} `json:"metadata"`
 			Spec struct {
 				NodeName   string `json:"nodeName"`
 				Containers []struct{ Name, Image string }
@@ -71,7 +110,22 @@ func readVersions(ctx context.Context, via *haNode) (versions, error) {
 	if err := json.Unmarshal([]byte(out), &pods); err != nil {
 		return v, err
 	}
+	stale := map[string][]string{}
 	for _, p := range pods.Items {
+		// A mirror pod is owned by the Node object its kubelet registered.
+		// One owned by an earlier Node of that name (a node reset and
+		// joined again) shows what ran before the reset until the garbage
+		// collector or the new kubelet replaces it: not a running component.
+		owner := ""
+		for _, o := range p.Metadata.OwnerReferences {
+			if o.Kind == "Node" {
+				owner = o.UID
+			}
+		}
+		if owner != uids[p.Spec.NodeName] {
+			stale[p.Spec.NodeName] = append(stale[p.Spec.NodeName], p.Metadata.Name)
+			continue
+		}
 		c := p.Spec.Containers[0]
 		tag := observe.ImageTag(c.Image)
 		if c.Name == "etcd" {
@@ -91,27 +145,10 @@ func readVersions(ctx context.Context, via *haNode) (versions, error) {
 			v.controllerManagers[p.Spec.NodeName] = pv
 		}
 	}
-	out, err = kubectlVia(ctx, via, "get", "nodes", "-o", "json")
-	if err != nil {
-		return v, fmt.Errorf("nodes: %w", err)
-	}
-	var nodes struct {
-		Items []struct {
-			Metadata struct{ Name string } `json:"metadata"`
-			Status   struct {
-				NodeInfo struct{ KubeletVersion string } `json:"nodeInfo"`
-			} `json:"status"`
-		} `json:"items"`
-	}
-	if err := json.Unmarshal([]byte(out), &nodes); err != nil {
-		return v, err
-	}
-	for _, n := range nodes.Items {
-		kv, err := version.ParseReported(n.Status.NodeInfo.KubeletVersion)
-		if err != nil {
-			return v, err
+	for _, cp := range controlPlanes {
+		if _, ok := v.apiservers[cp]; !ok {
+			return v, fmt.Errorf("no kube-apiserver mirror pod of %s's current Node yet (left from an earlier Node: %v)", cp, stale[cp])
 		}
-		v.kubelets[n.Metadata.Name] = kv
 	}
 	return v, nil
 }
