@@ -47,7 +47,7 @@ func clusterStatus(ctx context.Context, root paths.Root, kubeconfig, format stri
 	for _, r := range recs {
 		n := clusterview.Node{Name: r.Name, ControlPlane: r.ControlPlane, Kubelet: r.KubeletVersion, Ready: r.Ready, Annotations: r.Annotations}
 		if r.ControlPlane {
-			if pod, err := client.Pod(ctx, "kube-system", "kube-apiserver-"+r.Name); err == nil {
+			if pod, err := client.Pod(ctx, "kube-system", "kube-apiserver-"+r.Name); err == nil && pod.OfNode(r.UID) {
 				n.APIServer = observe.ImageTag(pod.Image)
 			}
 		}

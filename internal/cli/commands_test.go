@@ -2,15 +2,19 @@ package cli
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func TestJoinConfigUsage(t *testing.T) {
@@ -34,10 +38,7 @@ func TestJoinConfigPrintsAReadyToPasteSection(t *testing.T) {
 	n.Write(paths.ClusterFile, "cluster_token: "+pluginToken+"\ncontrol_plane_host: 10.0.0.11\nrole: init\nconfig: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n", 0o600)
 	ca, _ := testutil.ClientCert(t, "kubernetes")
 	n.Write(paths.CACert, string(ca), 0o644)
-	cert, key := testutil.ClientCert(t, "kubernetes-admin")
-	n.Write(paths.AdminConf, fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority-data: %s\n    server: %s\n  name: k\n"+
-		"contexts:\n- context:\n    cluster: k\n    user: a\n  name: a@k\ncurrent-context: a@k\nusers:\n- name: a\n  user:\n    client-certificate-data: %s\n    client-key-data: %s\n",
-		base64.StdEncoding.EncodeToString(api.CAPEM()), api.URL(), base64.StdEncoding.EncodeToString(cert), base64.StdEncoding.EncodeToString(key)), 0o600)
+	writeAdminConf(t, n, api)
 	code, out, errOut := run("join-config", "--root", n.Root, "--role", "worker", "--ttl", "1h")
 	if code != reconcile.ExitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -53,6 +54,54 @@ func TestJoinConfigPrintsAReadyToPasteSection(t *testing.T) {
 	id := errOut[i+9 : i+15]
 	if !strings.Contains(out, "token: "+id+".") || strings.Contains(errOut, id+".") {
 		t.Fatalf("token id %q", id)
+	}
+}
+
+// writeAdminConf writes an admin.conf for the fake API on node n.
+func writeAdminConf(t *testing.T, n *testutil.Node, api *testutil.API) {
+	t.Helper()
+	cert, key := testutil.ClientCert(t, "kubernetes-admin")
+	n.Write(paths.AdminConf, fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority-data: %s\n    server: %s\n  name: k\n"+
+		"contexts:\n- context:\n    cluster: k\n    user: a\n  name: a@k\ncurrent-context: a@k\nusers:\n- name: a\n  user:\n    client-certificate-data: %s\n    client-key-data: %s\n",
+		base64.StdEncoding.EncodeToString(api.CAPEM()), api.URL(), base64.StdEncoding.EncodeToString(cert), base64.StdEncoding.EncodeToString(key)), 0o600)
+}
+
+// status --cluster shows a control plane's apiserver from its mirror pod,
+// but not from one its kubelet created for an earlier Node of that name
+// (reset and joined again, the old pod not replaced yet): that one shows
+// what ran before the reset, so the column says it does not know.
+func TestStatusClusterIgnoresAMirrorPodOfAnEarlierNode(t *testing.T) {
+	n := testutil.NewNode(t, "cp1")
+	api := testutil.NewAPI(t, "v1.37.2")
+	writeAdminConf(t, n, api)
+	for i, name := range []string{"cp1", "cp2"} {
+		api.SetNode(name, "v1.37.2", true)
+		api.SetControlPlaneNode(name, fmt.Sprintf("10.0.0.1%d", i+1))
+	}
+	api.Pod = func(name string) (*corev1.Pod, bool) {
+		node := strings.TrimPrefix(name, "kube-apiserver-")
+		p := testutil.StaticPod(name, "kube-apiserver", "registry.k8s.io/kube-apiserver:v1.37.2")
+		owner := testutil.NodeUID(node)
+		if node == "cp2" {
+			p = testutil.StaticPod(name, "kube-apiserver", "registry.k8s.io/kube-apiserver:v1.36.3")
+			owner = "uid-of-the-deleted-cp2"
+		}
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node, UID: owner}}
+		return p, true
+	}
+	_, out, errOut := run("status", "--cluster", "--root", n.Root, "-o", "json")
+	var v struct {
+		Nodes []struct{ Name, APIServer string }
+	}
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("%v: %q %q", err, out, errOut)
+	}
+	got := map[string]string{}
+	for _, r := range v.Nodes {
+		got[r.Name] = r.APIServer
+	}
+	if want := map[string]string{"cp1": "v1.37.2", "cp2": ""}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("apiservers %v, want %v\n%s", got, want, out)
 	}
 }
 

@@ -345,6 +345,7 @@ func (c *Client) ClusterVersion(ctx context.Context) (version.Version, error) {
 
 // NodeInfo is what the provider reads of a Node.
 type NodeInfo struct {
+	UID            string
 	KubeletVersion version.Version
 	Ready          bool
 	ReadyReason    string
@@ -372,6 +373,18 @@ type PodInfo struct {
 	Image   string
 	Running bool
 	Ready   bool
+	// NodeUID is the uid of the Node the kubelet that created this mirror
+	// pod had registered (its Node owner reference), "" when it has none.
+	NodeUID string
+}
+
+// OfNode reports whether the pod mirrors what the kubelet of the Node
+// with this uid runs. A mirror pod owned by an earlier Node of the same
+// name (the node was reset and joined again) shows what ran before until
+// the garbage collector or the new kubelet replaces it. Either uid
+// unknown: it cannot tell, and counts the pod.
+func (p PodInfo) OfNode(uid string) bool {
+	return p.NodeUID == "" || uid == "" || p.NodeUID == uid
 }
 
 // container is the part of a pod template's container the provider reads.
@@ -383,6 +396,12 @@ type container struct {
 // Pod reads the first container of a pod.
 func (c *Client) Pod(ctx context.Context, namespace, name string) (PodInfo, error) {
 	var p struct {
+		Metadata struct {
+			OwnerReferences []struct {
+				Kind string `json:"kind"`
+				UID  string `json:"uid"`
+			} `json:"ownerReferences"`
+		} `json:"metadata"`
 		Spec struct {
 			Containers []container `json:"containers"`
 		} `json:"spec"`
@@ -403,6 +422,11 @@ func (c *Client) Pod(ctx context.Context, namespace, name string) (PodInfo, erro
 		return PodInfo{}, fmt.Errorf("pod %s/%s has no container", namespace, name)
 	}
 	pi := PodInfo{Image: p.Spec.Containers[0].Image}
+	for _, o := range p.Metadata.OwnerReferences {
+		if o.Kind == "Node" {
+			pi.NodeUID = o.UID
+		}
+	}
 	for _, cs := range p.Status.ContainerStatuses {
 		if cs.Name == p.Spec.Containers[0].Name {
 			pi.Running = cs.State.Running != nil
@@ -519,6 +543,7 @@ func (c *Client) NodeEvent(ctx context.Context, nodeName, eventType, reason, mes
 // NodeRecord is what the cluster view reads of a Node.
 type NodeRecord struct {
 	Name           string
+	UID            string
 	ControlPlane   bool // labelled node-role.kubernetes.io/control-plane
 	KubeletVersion string
 	Ready          bool
@@ -558,7 +583,7 @@ func (c *Client) Nodes(ctx context.Context) ([]NodeRecord, error) {
 	out := make([]NodeRecord, 0, len(items))
 	for _, n := range items {
 		_, cp := n.Metadata.Labels["node-role.kubernetes.io/control-plane"]
-		r := NodeRecord{Name: n.Metadata.Name, ControlPlane: cp, KubeletVersion: n.Status.NodeInfo.KubeletVersion, Annotations: n.Metadata.Annotations}
+		r := NodeRecord{Name: n.Metadata.Name, UID: n.Metadata.UID, ControlPlane: cp, KubeletVersion: n.Status.NodeInfo.KubeletVersion, Annotations: n.Metadata.Annotations}
 		r.Ready, _, _ = n.ready()
 		out = append(out, r)
 	}
@@ -680,7 +705,7 @@ func (c *Client) Node(ctx context.Context, name string) (NodeInfo, error) {
 	if err != nil {
 		return NodeInfo{}, fmt.Errorf("node %s kubeletVersion: %w", name, err)
 	}
-	ni := NodeInfo{KubeletVersion: v}
+	ni := NodeInfo{UID: n.Metadata.UID, KubeletVersion: v}
 	ni.Ready, ni.ReadyReason, ni.ReadyMessage = n.ready()
 	return ni, nil
 }

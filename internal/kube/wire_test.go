@@ -152,7 +152,8 @@ func TestSameRequestsAsTheClientset(t *testing.T) {
 			return 200, j, corev1.Endpoints{Subsets: []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: "10.0.0.12"}, {IP: "10.0.0.11"}},
 				Ports: []corev1.EndpointPort{{Name: "https", Port: 6443}}}}}
 		case strings.HasPrefix(p, "/api/v1/namespaces/kube-system/pods/"):
-			return 200, j, corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-apiserver", Image: "registry.k8s.io/kube-apiserver:v1.37.2"}}},
+			return 200, j, corev1.Pod{ObjectMeta: metav1.ObjectMeta{OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: "n1", UID: "uid-1"}}},
+				Spec:   corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-apiserver", Image: "registry.k8s.io/kube-apiserver:v1.37.2"}}},
 				Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "kube-apiserver", Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}}}
 		case strings.HasPrefix(p, "/apis/apps/v1/namespaces/kube-system/daemonsets/"):
 			d := appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Generation: 3}, Status: appsv1.DaemonSetStatus{ObservedGeneration: 3, DesiredNumberScheduled: 3, UpdatedNumberScheduled: 2, NumberAvailable: 3, CurrentNumberScheduled: 3}}
@@ -235,13 +236,13 @@ users:
 
 	compare("node", func() error {
 		ni, err := lean.Node(ctx, "n1")
-		expect("node", []any{ni.KubeletVersion.String(), ni.Ready, ni.ReadyReason, ni.ReadyMessage, ni.NoCNI()},
-			[]any{"v1.37.2", false, ready.Reason, ready.Message, true})
+		expect("node", []any{ni.UID, ni.KubeletVersion.String(), ni.Ready, ni.ReadyReason, ni.ReadyMessage, ni.NoCNI()},
+			[]any{"uid-1", "v1.37.2", false, ready.Reason, ready.Message, true})
 		return err
 	}, func() error { _, err := cs.CoreV1().Nodes().Get(ctx, "n1", get); return err })
 	compare("nodes", func() error {
 		l, err := lean.Nodes(ctx)
-		expect("nodes", l, []NodeRecord{{Name: "a0"}, {Name: "n1", ControlPlane: true, KubeletVersion: "v1.37.2", Annotations: map[string]string{"a": "b"}}})
+		expect("nodes", l, []NodeRecord{{Name: "a0"}, {Name: "n1", UID: "uid-1", ControlPlane: true, KubeletVersion: "v1.37.2", Annotations: map[string]string{"a": "b"}}})
 		return err
 	}, func() error { _, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); return err })
 	compare("control-plane nodes", func() error {
@@ -267,7 +268,7 @@ users:
 	}, func() error { _, err := cs.CoreV1().Endpoints("default").Get(ctx, "kubernetes", get); return err })
 	compare("pod", func() error {
 		p, err := lean.Pod(ctx, "kube-system", "kube-apiserver-n1")
-		expect("pod", p, PodInfo{Image: "registry.k8s.io/kube-apiserver:v1.37.2", Running: true, Ready: true})
+		expect("pod", p, PodInfo{Image: "registry.k8s.io/kube-apiserver:v1.37.2", Running: true, Ready: true, NodeUID: "uid-1"})
 		return err
 	}, func() error { _, err := cs.CoreV1().Pods("kube-system").Get(ctx, "kube-apiserver-n1", get); return err })
 	compare("daemonset", func() error {

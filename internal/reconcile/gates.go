@@ -133,8 +133,12 @@ func (p *pass) verify(ctx context.Context, obs Observation, pl plan.Plan) error 
 	noCNI := false
 	start := p.Clock.Now()
 	err := wait.Poll(ctx, p.Clock, p.budget(p.Budgets.Verify), "verify "+target.String(), func(ctx context.Context) (bool, error) {
+		ni, nodeErr := client.Node(ctx, name)
 		if obs.ControlPlane {
-			if err := p.staticPodsAt(ctx, client, name, target); err != nil {
+			if nodeErr != nil {
+				return false, nodeErr
+			}
+			if err := p.staticPodsAt(ctx, client, name, ni.UID, target); err != nil {
 				return false, err
 			}
 		}
@@ -150,9 +154,8 @@ func (p *pass) verify(ctx context.Context, obs Observation, pl plan.Plan) error 
 				return false, fmt.Errorf("cluster version %s", c)
 			}
 		}
-		ni, err := client.Node(ctx, name)
-		if err != nil {
-			return false, err
+		if nodeErr != nil {
+			return false, nodeErr
 		}
 		if ni.KubeletVersion != target {
 			return false, fmt.Errorf("node %s kubelet at %s", name, ni.KubeletVersion)
@@ -230,8 +233,9 @@ func (p *pass) verifyAddons(ctx context.Context, target version.Version, start t
 	return nil
 }
 
-// staticPodsAt checks this control plane's manifests and mirror pods.
-func (p *pass) staticPodsAt(ctx context.Context, client *kube.Client, node string, target version.Version) error {
+// staticPodsAt checks this control plane's manifests and mirror pods (those
+// of its current Node, uid: not one left from before a reset and join).
+func (p *pass) staticPodsAt(ctx context.Context, client *kube.Client, node, uid string, target version.Version) error {
 	v, err := p.obs.ControlPlaneVersion()
 	if err != nil {
 		return err
@@ -243,6 +247,9 @@ func (p *pass) staticPodsAt(ctx context.Context, client *kube.Client, node strin
 		pod, err := client.Pod(ctx, "kube-system", c+"-"+node)
 		if err != nil {
 			return err
+		}
+		if !pod.OfNode(uid) {
+			return fmt.Errorf("static pod %s-%s is the mirror pod of an earlier Node %s (uid %s, now %s): not replaced by this kubelet yet", c, node, node, pod.NodeUID, uid)
 		}
 		tag, err := version.ParseReported(observe.ImageTag(pod.Image))
 		if err != nil || tag != target {

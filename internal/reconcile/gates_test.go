@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"reflect"
 	"strings"
@@ -12,8 +13,10 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil/etcdtest"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // A follower waits for the cluster endpoint and etcd, and never asks about
@@ -127,6 +130,41 @@ func TestVerifyChecksThisNodesStaticPods(t *testing.T) {
 	res := e.run(Steps{})
 	if res.ExitCode != ExitFailed || !strings.Contains(res.Status.Message, "static pod kube-scheduler-n1 not running yet") {
 		t.Fatalf("exit %d %+v", res.ExitCode, res.Status)
+	}
+}
+
+// A control plane reset and joined again: its apiserver's mirror pod is
+// still the one its kubelet created before the reset, owned by the deleted
+// Node (an older uid), at the right image, running and Ready. It is not
+// this kubelet's pod: verify waits until the new kubelet replaces it.
+func TestVerifyIgnoresAMirrorPodOfAnEarlierNode(t *testing.T) {
+	for _, stale := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stale=%v", stale), func(t *testing.T) {
+			e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
+			pods := e.api.Pod
+			e.api.Pod = func(name string) (*corev1.Pod, bool) {
+				p, ok := pods(name)
+				if ok {
+					owner := testutil.NodeUID("n1")
+					if stale && strings.HasPrefix(name, "kube-apiserver") {
+						owner = "uid-of-the-deleted-node"
+					}
+					p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: "n1", UID: owner}}
+				}
+				return p, ok
+			}
+			res := e.run(Steps{})
+			if !stale {
+				if res.ExitCode != ExitOK || res.Status.Phase != status.PhaseConverged {
+					t.Fatalf("mirror pods of the current Node: exit %d %+v", res.ExitCode, res.Status)
+				}
+				return
+			}
+			want := "static pod kube-apiserver-n1 is the mirror pod of an earlier Node n1 (uid uid-of-the-deleted-node, now uid-node-n1)"
+			if res.ExitCode != ExitFailed || !strings.Contains(res.Status.Message, want) {
+				t.Fatalf("exit %d %+v, want %q", res.ExitCode, res.Status, want)
+			}
+		})
 	}
 }
 

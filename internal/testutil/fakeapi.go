@@ -27,6 +27,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 )
 
@@ -139,7 +140,7 @@ func (a *API) SetControlPlaneNode(name, ip string) {
 	defer a.mu.Unlock()
 	n, ok := a.nodes[name]
 	if !ok {
-		n = &corev1.Node{TypeMeta: metav1.TypeMeta{Kind: "Node", APIVersion: "v1"}, ObjectMeta: metav1.ObjectMeta{Name: name}}
+		n = &corev1.Node{TypeMeta: metav1.TypeMeta{Kind: "Node", APIVersion: "v1"}, ObjectMeta: metav1.ObjectMeta{Name: name, UID: NodeUID(name)}}
 		a.nodes[name] = n
 	}
 	if n.Labels == nil {
@@ -179,6 +180,9 @@ func (a *API) ClusterVersion() string {
 	return a.clusterVersion
 }
 
+// NodeUID is the uid the fake API gives the Node of that name.
+func NodeUID(name string) types.UID { return types.UID("uid-node-" + name) }
+
 // SetNode sets a Node's kubelet version and readiness.
 func (a *API) SetNode(name, kubeletVersion string, ready bool) {
 	msg := "kubelet is posting ready status"
@@ -199,7 +203,7 @@ func (a *API) SetNodeCondition(name, kubeletVersion string, ready bool, message 
 	}
 	a.nodes[name] = &corev1.Node{
 		TypeMeta:   metav1.TypeMeta{Kind: "Node", APIVersion: "v1"},
-		ObjectMeta: metav1.ObjectMeta{Name: name},
+		ObjectMeta: metav1.ObjectMeta{Name: name, UID: NodeUID(name)},
 		Status: corev1.NodeStatus{
 			NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: kubeletVersion},
 			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: st, Message: message}},
