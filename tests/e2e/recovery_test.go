@@ -151,38 +151,31 @@ func (d *docPage) withCmd(prefix, has, hasNot string) string {
 func rejoin(t testing.TB, rj, img *docPage, via, hn *haNode, role string, trees map[string]string) time.Duration {
 	t.Helper()
 	start := time.Now()
-	list := rj.withCmd("/usr/bin/etcdctl", "member list", "")
-	var memberID string
 	if role == "controlplane" {
+		// 1. The member. As the page says: refused while the member has
+		// been connected for less than 5 s; run again a few seconds later.
+		// An attempt that timed out may still have been applied: "member
+		// not found" then, and member list shows it gone.
+		list := rj.withCmd("/usr/bin/etcdctl", "member list", "")
 		ids, _ := memberList(t, rj.run(via, list))
-		if memberID = ids[hn.name]; memberID == "" {
-			t.Fatalf("%s is no etcd member before its reset: %v", hn.name, ids)
+		if ids[hn.name] == "" {
+			t.Fatalf("%s is no etcd member: %v", hn.name, ids)
 		}
+		rj.untilExit(via, rj.withCmd("/usr/bin/etcdctl", "member remove", ""), 2*time.Minute, func(out string, code int) bool {
+			if code == 0 && strings.Contains(out, "Member "+ids[hn.name]+" removed") {
+				return true
+			}
+			if code == 0 || !strings.Contains(out, "etcdserver: member not found") {
+				return false
+			}
+			now, _ := memberList(t, rj.run(via, list))
+			return now[hn.name] == ""
+		}, "MEMBER_ID="+ids[hn.name])
 	}
-	// 1. The reset first: it stops the kubelet, which would otherwise
-	// register the Node again after its deletion.
+	// 2. The reset, before the Node's deletion: it stops the kubelet,
+	// which would otherwise register the Node again.
 	rj.run(hn, "provider-kubernetes reset --yes")
-	// 2. The member, if kubeadm reset could not remove it. As the page
-	// says: refused while the member has been connected for less than
-	// 5 s; run again a few seconds later. An attempt that timed out may
-	// still have been applied: "member not found" then, and member list
-	// shows it gone.
-	if role == "controlplane" {
-		if ids, _ := memberList(t, rj.run(via, list)); ids[hn.name] == "" {
-			progress(t, "%s: kubeadm reset removed its etcd member %s", hn.name, memberID)
-		} else {
-			rj.untilExit(via, rj.withCmd("/usr/bin/etcdctl", "member remove", ""), 2*time.Minute, func(out string, code int) bool {
-				if code == 0 && strings.Contains(out, "Member "+memberID+" removed") {
-					return true
-				}
-				if code == 0 || !strings.Contains(out, "etcdserver: member not found") {
-					return false
-				}
-				now, _ := memberList(t, rj.run(via, list))
-				return now[hn.name] == ""
-			}, "MEMBER_ID="+memberID)
-		}
-	}
+	// 3. The Node, the join material.
 	rj.run(via, "kubectl --kubeconfig /etc/kubernetes/admin.conf delete node", "NODE="+hn.name)
 	rj.run(via, "sh -c \"umask 077; provider-kubernetes join-config", "ROLE="+role)
 	printed, err := via.n.ReadFile("/root/join.yaml")
