@@ -133,11 +133,13 @@ func (p *pass) verify(ctx context.Context, obs Observation, pl plan.Plan) error 
 	noCNI := false
 	start := p.Clock.Now()
 	err := wait.Poll(ctx, p.Clock, p.budget(p.Budgets.Verify), "verify "+target.String(), func(ctx context.Context) (bool, error) {
-		ni, nodeErr := client.Node(ctx, name)
+		// The Node first: a control plane's mirror pods count only when
+		// owned by it (its uid).
+		ni, err := client.Node(ctx, name)
+		if err != nil {
+			return false, err
+		}
 		if obs.ControlPlane {
-			if nodeErr != nil {
-				return false, nodeErr
-			}
 			if err := p.staticPodsAt(ctx, client, name, ni.UID, target); err != nil {
 				return false, err
 			}
@@ -153,9 +155,6 @@ func (p *pass) verify(ctx context.Context, obs Observation, pl plan.Plan) error 
 			if c != target {
 				return false, fmt.Errorf("cluster version %s", c)
 			}
-		}
-		if nodeErr != nil {
-			return false, nodeErr
 		}
 		if ni.KubeletVersion != target {
 			return false, fmt.Errorf("node %s kubelet at %s", name, ni.KubeletVersion)

@@ -133,10 +133,11 @@ func TestVerifyChecksThisNodesStaticPods(t *testing.T) {
 	}
 }
 
-// A control plane reset and joined again: its apiserver's mirror pod is
-// still the one its kubelet created before the reset, owned by the deleted
-// Node (an older uid), at the right image, running and Ready. It is not
-// this kubelet's pod: verify waits until the new kubelet replaces it.
+// A control plane's apiserver mirror pod owned by an earlier Node of its
+// name (as after a reset and join, before the new kubelet replaces it), at
+// the target image, running and Ready: verify does not take it for this
+// kubelet's pod, waits, and fails at its budget naming it. The same pods
+// owned by the current Node pass.
 func TestVerifyIgnoresAMirrorPodOfAnEarlierNode(t *testing.T) {
 	for _, stale := range []bool{true, false} {
 		t.Run(fmt.Sprintf("stale=%v", stale), func(t *testing.T) {
