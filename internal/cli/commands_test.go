@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -36,9 +35,9 @@ func TestJoinConfigPrintsAReadyToPasteSection(t *testing.T) {
 	n := testutil.NewNode(t, "cp1")
 	api := testutil.NewAPI(t, "v1.37.2")
 	n.Write(paths.ClusterFile, "cluster_token: "+pluginToken+"\ncontrol_plane_host: 10.0.0.11\nrole: init\nconfig: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n", 0o600)
+	n.Admin(api)
 	ca, _ := testutil.ClientCert(t, "kubernetes")
 	n.Write(paths.CACert, string(ca), 0o644)
-	writeAdminConf(t, n, api)
 	code, out, errOut := run("join-config", "--root", n.Root, "--role", "worker", "--ttl", "1h")
 	if code != reconcile.ExitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -57,15 +56,6 @@ func TestJoinConfigPrintsAReadyToPasteSection(t *testing.T) {
 	}
 }
 
-// writeAdminConf writes an admin.conf for the fake API on node n.
-func writeAdminConf(t *testing.T, n *testutil.Node, api *testutil.API) {
-	t.Helper()
-	cert, key := testutil.ClientCert(t, "kubernetes-admin")
-	n.Write(paths.AdminConf, fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority-data: %s\n    server: %s\n  name: k\n"+
-		"contexts:\n- context:\n    cluster: k\n    user: a\n  name: a@k\ncurrent-context: a@k\nusers:\n- name: a\n  user:\n    client-certificate-data: %s\n    client-key-data: %s\n",
-		base64.StdEncoding.EncodeToString(api.CAPEM()), api.URL(), base64.StdEncoding.EncodeToString(cert), base64.StdEncoding.EncodeToString(key)), 0o600)
-}
-
 // status --cluster shows a control plane's apiserver from its mirror pod,
 // but not from one its kubelet created for an earlier Node of that name
 // (reset and joined again, the old pod not replaced yet): that one shows
@@ -73,7 +63,7 @@ func writeAdminConf(t *testing.T, n *testutil.Node, api *testutil.API) {
 func TestStatusClusterIgnoresAMirrorPodOfAnEarlierNode(t *testing.T) {
 	n := testutil.NewNode(t, "cp1")
 	api := testutil.NewAPI(t, "v1.37.2")
-	writeAdminConf(t, n, api)
+	n.Admin(api)
 	for i, name := range []string{"cp1", "cp2"} {
 		api.SetNode(name, "v1.37.2", true)
 		api.SetControlPlaneNode(name, fmt.Sprintf("10.0.0.1%d", i+1))
