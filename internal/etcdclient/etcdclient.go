@@ -1,62 +1,140 @@
 // Package etcdclient makes the four read-only etcd v3 calls the provider
 // needs (member list, a member's status, the alarm list, a key count at a
-// revision) as gRPC requests over Go's own HTTP/2 client, with the few
-// protobuf fields read and written by hand.
+// revision) through go.etcd.io/etcd/client/v3, bounded against a member
+// that misbehaves.
 //
-// It behaves as go.etcd.io/etcd/client/v3 does for these calls: a call
-// waits for the member to be reachable (connection failures and
-// Unavailable answers are retried, 25 ms apart and doubling, up to 1 s)
-// until its context ends, and then fails with the context's error; an
-// etcd error is its message ("etcdserver: ..."). What it does not link is
-// grpc-go, the generated protobuf types and zap: their init and size were
-// a large part of what every provider process spent starting, a converged
-// boot's included, for calls that only an upgrade makes.
+// A call behaves as clientv3's: it waits for the member to be reachable
+// (clientv3's wait-for-ready and its retries of Unavailable answers) until
+// its context ends. What this package adds:
+//
+//   - the last real error: clientv3 reports a call its context ended as
+//     the context's bare error; here it also names what the last attempt
+//     met ("connection refused", a TLS failure, a leader change), read by
+//     an interceptor inside clientv3's retries;
+//   - bounds: an answer larger than MaxAnswer is refused by gRPC before it
+//     is read whole, a member list longer than MaxMembers is refused
+//     before anything is done per member, and an endpoint that is not an
+//     http(s) URL with a host is never dialled;
+//   - no logging of its own: clientv3's zap logger is a no-op, the errors
+//     come back to the caller.
 package etcdclient
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
+
+// MaxAnswer bounds one answer's bytes: the member list of a real cluster
+// is a few KiB, a status or a count a few hundred bytes.
+const MaxAnswer = 2 << 20
+
+// MaxMembers bounds the members a list may name before the provider acts
+// on it (etcd recommends at most 7; kubeadm's stacked etcd has one per
+// control plane).
+const MaxMembers = 64
 
 // Client talks to etcd members with one TLS identity.
 type Client struct {
 	endpoint string // the member calls go to, unless named (Status)
-	hc       *http.Client
+	cli      *clientv3.Client
+	err      error // why there is no cli: a bad endpoint
 }
 
-// New is a client for endpoint ("https://host:port"), dialling each
-// connection within dialTimeout (0: no bound but the call's context).
-// Nothing is dialled until a call.
+// New is a client for endpoint ("https://host:port"), with dialTimeout the
+// bound clientv3 puts on its own set-up calls. Nothing is dialled until a
+// call.
 func New(endpoint string, tlsCfg *tls.Config, dialTimeout time.Duration) *Client {
-	t := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:     tlsCfg.Clone(),
-		TLSHandshakeTimeout: dialTimeout,
-		Proxy:               nil, // gRPC to a member: never through a proxy
+	endpoint = strings.TrimRight(endpoint, "/")
+	c := &Client{endpoint: endpoint}
+	if err := checkEndpoint(endpoint); err != nil {
+		c.err = err
+		return c
 	}
-	// gRPC is HTTP/2 only: negotiated by ALPN over TLS, with prior
-	// knowledge over plain http:// client URLs.
-	t.Protocols = new(http.Protocols)
-	t.Protocols.SetHTTP2(true)
-	t.Protocols.SetUnencryptedHTTP2(true)
-	return &Client{endpoint: strings.TrimRight(endpoint, "/"), hc: &http.Client{Transport: t}}
+	if tlsCfg != nil {
+		tlsCfg = tlsCfg.Clone()
+	}
+	c.cli, c.err = clientv3.New(clientv3.Config{
+		Endpoints:          []string{endpoint},
+		TLS:                tlsCfg,
+		DialTimeout:        dialTimeout,
+		MaxCallRecvMsgSize: MaxAnswer,
+		Logger:             zap.NewNop(),
+		DialOptions:        []grpc.DialOption{grpc.WithChainUnaryInterceptor(recordAttempt)},
+	})
+	return c
+}
+
+// checkEndpoint refuses what is not an http(s) URL with a host: an etcd
+// member's client URL comes from the member list, which a member writes.
+func checkEndpoint(endpoint string) error {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") || u.User != nil ||
+		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+		return errors.New("etcd endpoint is not an http(s) URL of a host and port")
+	}
+	return nil
 }
 
 // Close drops the client's connections.
 func (c *Client) Close() error {
-	c.hc.CloseIdleConnections()
-	return nil
+	if c.cli == nil {
+		return nil
+	}
+	return c.cli.Close()
+}
+
+// attemptsKey carries a call's recorder of attempts in its context.
+type attemptsKey struct{}
+
+// attempts keeps the last error an attempt of one call met.
+type attempts struct {
+	mu   sync.Mutex
+	last error
+}
+
+// recordAttempt runs inside clientv3's retries, once per attempt: it sees
+// the gRPC status clientv3 later reduces to the context's error.
+func recordAttempt(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if a, ok := ctx.Value(attemptsKey{}).(*attempts); ok && err != nil {
+		a.mu.Lock()
+		a.last = err
+		a.mu.Unlock()
+	}
+	return err
+}
+
+// call runs f with a recorder of attempts, and names the last attempt's
+// error when ctx ended the call.
+func (c *Client) call(ctx context.Context, f func(ctx context.Context) error) error {
+	if c.err != nil {
+		return c.err
+	}
+	a := &attempts{}
+	err := f(context.WithValue(ctx, attemptsKey{}, a))
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	a.mu.Lock()
+	last := a.last
+	a.mu.Unlock()
+	if last == nil || last.Error() == err.Error() {
+		return err
+	}
+	return fmt.Errorf("%w (last attempt: %v)", err, last)
 }
 
 // Member is one etcd member.
@@ -69,44 +147,33 @@ type Member struct {
 }
 
 // MemberList lists the members: linearizable (through the leader) unless
-// serializable (the member's own view).
+// serializable (the member's own view). A list longer than MaxMembers is
+// refused.
 func (c *Client) MemberList(ctx context.Context, serializable bool) ([]Member, error) {
-	var req []byte
-	if !serializable {
-		req = appendBool(req, 1, true) // linearizable
+	var opts []clientv3.OpOption
+	if serializable {
+		opts = append(opts, clientv3.WithSerializable())
 	}
-	b, err := c.call(ctx, c.endpoint, "/etcdserverpb.Cluster/MemberList", req)
-	if err != nil {
-		return nil, err
-	}
-	var out []Member
-	err = fields(b, func(num int, typ byte, v uint64, data []byte) error {
-		if num != 2 || typ != wireBytes {
-			return nil
-		}
-		var m Member
-		err := fields(data, func(num int, typ byte, v uint64, data []byte) error {
-			switch {
-			case num == 1 && typ == wireVarint:
-				m.ID = v
-			case num == 2 && typ == wireBytes:
-				m.Name = string(data)
-			case num == 3 && typ == wireBytes:
-				m.PeerURLs = append(m.PeerURLs, string(data))
-			case num == 4 && typ == wireBytes:
-				m.ClientURLs = append(m.ClientURLs, string(data))
-			case num == 5 && typ == wireVarint:
-				m.IsLearner = v != 0
-			}
-			return nil
-		})
-		out = append(out, m)
+	var resp *clientv3.MemberListResponse
+	err := c.call(ctx, func(ctx context.Context) (err error) {
+		resp, err = c.cli.MemberList(ctx, opts...)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("member list answer: %w", err)
+		return nil, err
+	}
+	if len(resp.Members) > MaxMembers {
+		return nil, fmt.Errorf("etcd lists %d members, more than %d: not a cluster the provider acts on", len(resp.Members), MaxMembers)
+	}
+	out := make([]Member, 0, len(resp.Members))
+	for _, m := range resp.Members {
+		out = append(out, member(m))
 	}
 	return out, nil
+}
+
+func member(m *pb.Member) Member {
+	return Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs, IsLearner: m.IsLearner}
 }
 
 // Status is what a member says of itself.
@@ -121,34 +188,24 @@ type Status struct {
 	IsLearner bool
 }
 
-// Status asks the member at endpoint (a client URL) for its status.
+// Status asks the member at endpoint (a client URL, checked before it is
+// dialled) for its status.
 func (c *Client) Status(ctx context.Context, endpoint string) (Status, error) {
-	b, err := c.call(ctx, strings.TrimRight(endpoint, "/"), "/etcdserverpb.Maintenance/Status", nil)
+	endpoint = strings.TrimRight(endpoint, "/")
+	if err := checkEndpoint(endpoint); err != nil {
+		return Status{}, err
+	}
+	var resp *clientv3.StatusResponse
+	err := c.call(ctx, func(ctx context.Context) (err error) {
+		resp, err = c.cli.Status(ctx, endpoint)
+		return err
+	})
 	if err != nil {
 		return Status{}, err
 	}
-	var st Status
-	err = fields(b, func(num int, typ byte, v uint64, data []byte) error {
-		switch {
-		case num == 1 && typ == wireBytes:
-			h, err := header(data)
-			st.ClusterID, st.MemberID, st.Revision = h.clusterID, h.memberID, h.revision
-			return err
-		case num == 2 && typ == wireBytes:
-			st.Version = string(data)
-		case num == 3 && typ == wireVarint:
-			st.DBSize = int64(v)
-		case num == 4 && typ == wireVarint:
-			st.Leader = v
-		case num == 8 && typ == wireBytes:
-			st.Errors = append(st.Errors, string(data))
-		case num == 10 && typ == wireVarint:
-			st.IsLearner = v != 0
-		}
-		return nil
-	})
-	if err != nil {
-		return Status{}, fmt.Errorf("status answer: %w", err)
+	st := Status{Version: resp.Version, DBSize: resp.DbSize, Leader: resp.Leader, Errors: resp.Errors, IsLearner: resp.IsLearner}
+	if h := resp.Header; h != nil {
+		st.ClusterID, st.MemberID, st.Revision = h.ClusterId, h.MemberId, h.Revision
 	}
 	return st, nil
 }
@@ -164,44 +221,28 @@ type AlarmType int32
 
 // String is the name etcd gives the alarm.
 func (a AlarmType) String() string {
-	switch a {
-	case 0:
-		return "NONE"
-	case 1:
-		return "NOSPACE"
-	case 2:
-		return "CORRUPT"
+	if s, ok := pb.AlarmType_name[int32(a)]; ok {
+		return s
 	}
 	return strconv.Itoa(int(a))
 }
 
 // AlarmList lists the raised alarms of every member.
 func (c *Client) AlarmList(ctx context.Context) ([]Alarm, error) {
-	// action GET, memberID 0 (all), alarm NONE (all): every field zero.
-	b, err := c.call(ctx, c.endpoint, "/etcdserverpb.Maintenance/Alarm", nil)
-	if err != nil {
-		return nil, err
-	}
-	var out []Alarm
-	err = fields(b, func(num int, typ byte, v uint64, data []byte) error {
-		if num != 2 || typ != wireBytes {
-			return nil
-		}
-		var a Alarm
-		err := fields(data, func(num int, typ byte, v uint64, _ []byte) error {
-			switch {
-			case num == 1 && typ == wireVarint:
-				a.MemberID = v
-			case num == 2 && typ == wireVarint:
-				a.Type = AlarmType(int32(v))
-			}
-			return nil
-		})
-		out = append(out, a)
+	var resp *clientv3.AlarmResponse
+	err := c.call(ctx, func(ctx context.Context) (err error) {
+		resp, err = c.cli.AlarmList(ctx)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("alarm answer: %w", err)
+		return nil, err
+	}
+	if len(resp.Alarms) > MaxMembers {
+		return nil, fmt.Errorf("etcd lists %d alarms, more than %d", len(resp.Alarms), MaxMembers)
+	}
+	out := make([]Alarm, 0, len(resp.Alarms))
+	for _, a := range resp.Alarms {
+		out = append(out, Alarm{MemberID: a.MemberID, Type: AlarmType(a.Alarm)})
 	}
 	return out, nil
 }
@@ -209,302 +250,26 @@ func (c *Client) AlarmList(ctx context.Context) ([]Alarm, error) {
 // CountAll counts every key at revision rev (0: the latest), serializable
 // (the member's own store) when asked.
 func (c *Client) CountAll(ctx context.Context, rev int64, serializable bool) (int64, error) {
-	// The whole keyspace: key and range_end both "\x00".
-	var req []byte
-	req = appendBytes(req, 1, []byte{0})
-	req = appendBytes(req, 2, []byte{0})
+	opts := []clientv3.OpOption{clientv3.WithFromKey(), clientv3.WithCountOnly()}
 	if rev != 0 {
-		req = appendVarint(req, 4, uint64(rev))
+		opts = append(opts, clientv3.WithRev(rev))
 	}
 	if serializable {
-		req = appendBool(req, 7, true)
+		opts = append(opts, clientv3.WithSerializable())
 	}
-	req = appendBool(req, 9, true) // count_only
-	b, err := c.call(ctx, c.endpoint, "/etcdserverpb.KV/Range", req)
+	var resp *clientv3.GetResponse
+	err := c.call(ctx, func(ctx context.Context) (err error) {
+		resp, err = c.cli.Get(ctx, "", opts...)
+		return err
+	})
 	if err != nil {
 		return 0, err
 	}
-	var n int64
-	err = fields(b, func(num int, typ byte, v uint64, _ []byte) error {
-		if num == 4 && typ == wireVarint {
-			n = int64(v)
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("range answer: %w", err)
-	}
-	return n, nil
+	return resp.Count, nil
 }
-
-// Error is an etcd member's (or its gRPC server's) refusal.
-type Error struct {
-	Code    Code
-	Message string
-}
-
-// Error is the message as clientv3 gives it: etcd's own errors bare
-// ("etcdserver: ..."), others with their gRPC code.
-func (e *Error) Error() string {
-	if strings.HasPrefix(e.Message, "etcdserver: ") {
-		return e.Message
-	}
-	return fmt.Sprintf("rpc error: code = %s desc = %s", e.Code, e.Message)
-}
-
-// Code is a gRPC status code.
-type Code uint32
-
-// The codes the provider tells apart.
-const (
-	OK          Code = 0
-	Unknown     Code = 2
-	OutOfRange  Code = 11
-	Unavailable Code = 14
-)
-
-var codeNames = []string{"OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",
-	"PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange", "Unimplemented", "Internal",
-	"Unavailable", "DataLoss", "Unauthenticated"}
-
-func (c Code) String() string {
-	if int(c) < len(codeNames) {
-		return codeNames[c]
-	}
-	return "Code(" + strconv.Itoa(int(c)) + ")"
-}
-
-// compactedMessage is etcd's rpctypes.ErrCompacted.
-const compactedMessage = "etcdserver: mvcc: required revision has been compacted"
 
 // IsCompacted reports etcd's answer that the revision asked for has been
-// compacted away (rpctypes.ErrCompacted).
+// compacted away.
 func IsCompacted(err error) bool {
-	var e *Error
-	return errors.As(err, &e) && e.Code == OutOfRange && e.Message == compactedMessage
-}
-
-// maxAnswer bounds an answer (the member list of a large cluster is a few KiB).
-const maxAnswer = 16 << 20
-
-// call makes one unary gRPC call, waiting for the member as clientv3 does:
-// connection failures and Unavailable answers are retried until ctx ends,
-// which then fails the call with ctx's error (and the last failure).
-func (c *Client) call(ctx context.Context, endpoint, method string, req []byte) ([]byte, error) {
-	backoff := 25 * time.Millisecond
-	for {
-		b, err := c.once(ctx, endpoint, method, req)
-		if err == nil {
-			return b, nil
-		}
-		var e *Error
-		transient := !errors.As(err, &e) || e.Code == Unavailable
-		if ctx.Err() != nil {
-			if errors.Is(err, ctx.Err()) {
-				return nil, ctx.Err()
-			}
-			return nil, fmt.Errorf("%w (last attempt: %v)", ctx.Err(), err)
-		}
-		if !transient {
-			return nil, err
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, fmt.Errorf("%w (last attempt: %v)", ctx.Err(), err)
-		case <-t.C:
-		}
-		backoff = min(2*backoff, time.Second)
-	}
-}
-
-func (c *Client) once(ctx context.Context, endpoint, method string, msg []byte) ([]byte, error) {
-	u, err := url.Parse(endpoint)
-	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-		return nil, &Error{Code: Unknown, Message: fmt.Sprintf("etcd endpoint %q is not an http(s) URL", endpoint)}
-	}
-	frame := make([]byte, 5, 5+len(msg))
-	binary.BigEndian.PutUint32(frame[1:], uint32(len(msg)))
-	frame = append(frame, msg...)
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, u.Scheme+"://"+u.Host+method, bytes.NewReader(frame))
-	if err != nil {
-		return nil, err
-	}
-	r.Header.Set("Content-Type", "application/grpc")
-	r.Header.Set("Te", "trailers")
-	r.Header.Set("User-Agent", "provider-kubernetes")
-	if d, ok := ctx.Deadline(); ok {
-		r.Header.Set("Grpc-Timeout", grpcTimeout(time.Until(d)))
-	}
-	resp, err := c.hc.Do(r)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.ProtoMajor != 2 {
-		return nil, &Error{Code: Unknown, Message: fmt.Sprintf("%s answered over HTTP/%d.%d, not gRPC", u.Host, resp.ProtoMajor, resp.ProtoMinor)}
-	}
-	if resp.StatusCode != http.StatusOK {
-		code := Unknown
-		switch resp.StatusCode {
-		case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout, http.StatusTooManyRequests:
-			code = Unavailable
-		}
-		return nil, &Error{Code: code, Message: fmt.Sprintf("unexpected HTTP status %d from %s", resp.StatusCode, u.Host)}
-	}
-	// A trailers-only answer (an error before any message) has its status
-	// in the headers.
-	if st := resp.Header.Get("Grpc-Status"); st != "" {
-		if err := grpcStatus(st, resp.Header.Get("Grpc-Message")); err != nil {
-			return nil, err
-		}
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+6))
-	if err != nil {
-		return nil, err
-	}
-	// The trailers, read once the body is.
-	if err := grpcStatus(resp.Trailer.Get("Grpc-Status"), resp.Trailer.Get("Grpc-Message")); err != nil {
-		return nil, err
-	}
-	if len(body) < 5 {
-		return nil, &Error{Code: Unknown, Message: "an answer without a message"}
-	}
-	if body[0] != 0 {
-		return nil, &Error{Code: Unknown, Message: "a compressed answer, not asked for"}
-	}
-	n := binary.BigEndian.Uint32(body[1:5])
-	if n > maxAnswer || int(n) != len(body)-5 {
-		return nil, &Error{Code: Unknown, Message: fmt.Sprintf("an answer of %d bytes framed as %d", len(body)-5, n)}
-	}
-	return body[5:], nil
-}
-
-// grpcStatus is the error a grpc-status (and its percent-encoded message) says.
-func grpcStatus(status, message string) error {
-	if status == "" {
-		return &Error{Code: Unknown, Message: "an answer without a gRPC status"}
-	}
-	code, err := strconv.ParseUint(status, 10, 32)
-	if err != nil {
-		return &Error{Code: Unknown, Message: fmt.Sprintf("gRPC status %q", status)}
-	}
-	if code == 0 {
-		return nil
-	}
-	if m, err := url.PathUnescape(message); err == nil {
-		message = m
-	}
-	return &Error{Code: Code(code), Message: message}
-}
-
-// grpcTimeout is a grpc-timeout header value: at most 8 digits and a unit.
-func grpcTimeout(d time.Duration) string {
-	if d < time.Millisecond {
-		d = time.Millisecond
-	}
-	if ms := d.Milliseconds(); ms < 1e8 {
-		return strconv.FormatInt(ms, 10) + "m"
-	}
-	return strconv.FormatInt(min(int64(d.Seconds()), 1e8-1), 10) + "S"
-}
-
-// The protobuf wire types read and written here.
-const (
-	wireVarint = 0
-	wire64     = 1
-	wireBytes  = 2
-	wire32     = 5
-)
-
-func appendTag(b []byte, num int, typ byte) []byte {
-	return binary.AppendUvarint(b, uint64(num)<<3|uint64(typ))
-}
-
-func appendVarint(b []byte, num int, v uint64) []byte {
-	return binary.AppendUvarint(appendTag(b, num, wireVarint), v)
-}
-
-func appendBool(b []byte, num int, v bool) []byte {
-	if !v {
-		return b
-	}
-	return appendVarint(b, num, 1)
-}
-
-func appendBytes(b []byte, num int, v []byte) []byte {
-	return append(binary.AppendUvarint(appendTag(b, num, wireBytes), uint64(len(v))), v...)
-}
-
-var errMalformed = errors.New("malformed protobuf")
-
-// fields walks a message's fields: f gets each one's number, wire type,
-// and its varint value or its bytes. Fixed-width fields are skipped.
-func fields(b []byte, f func(num int, typ byte, v uint64, data []byte) error) error {
-	for len(b) > 0 {
-		tag, n := binary.Uvarint(b)
-		if n <= 0 || tag>>3 == 0 || tag>>3 > 1<<29 {
-			return errMalformed
-		}
-		b = b[n:]
-		num, typ := int(tag>>3), byte(tag&7)
-		var v uint64
-		var data []byte
-		switch typ {
-		case wireVarint:
-			if v, n = binary.Uvarint(b); n <= 0 {
-				return errMalformed
-			}
-			b = b[n:]
-		case wireBytes:
-			l, n := binary.Uvarint(b)
-			if n <= 0 || l > uint64(len(b)-n) {
-				return errMalformed
-			}
-			data, b = b[n:n+int(l)], b[n+int(l):]
-		case wire64:
-			if len(b) < 8 {
-				return errMalformed
-			}
-			b = b[8:]
-			continue
-		case wire32:
-			if len(b) < 4 {
-				return errMalformed
-			}
-			b = b[4:]
-			continue
-		default:
-			return errMalformed
-		}
-		if err := f(num, typ, v, data); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-type respHeader struct {
-	clusterID, memberID uint64
-	revision            int64
-}
-
-func header(b []byte) (respHeader, error) {
-	var h respHeader
-	err := fields(b, func(num int, typ byte, v uint64, _ []byte) error {
-		if typ != wireVarint {
-			return nil
-		}
-		switch num {
-		case 1:
-			h.clusterID = v
-		case 2:
-			h.memberID = v
-		case 3:
-			h.revision = int64(v)
-		}
-		return nil
-	})
-	return h, err
+	return errors.Is(err, rpctypes.ErrCompacted)
 }

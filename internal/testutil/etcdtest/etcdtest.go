@@ -441,3 +441,53 @@ func (e *Etcd) ClusterID() uint64 {
 	}
 	return st.Header.ClusterId
 }
+
+// StartCluster starts n embedded members on node (one PKI, a data dir
+// each, one initial cluster): a real quorum for leader changes and a lost
+// member. The members stop at the end of the test.
+func StartCluster(t testing.TB, node *testutil.Node, n int) []*Etcd {
+	t.Helper()
+	if !node.Exists(CACert) {
+		NewPKI(t, node)
+	}
+	var members []*Etcd
+	var initial []string
+	for i := 0; i < n; i++ {
+		e := &Etcd{t: t, Node: node, ClientPort: FreePort(t), PeerPort: FreePort(t),
+			DataDir: node.Path(fmt.Sprintf("%s-%d", DataDir, i))}
+		e.ClientURL = fmt.Sprintf("https://127.0.0.1:%d", e.ClientPort)
+		initial = append(initial, fmt.Sprintf("m%d=https://127.0.0.1:%d", i, e.PeerPort))
+		members = append(members, e)
+	}
+	for i, e := range members {
+		cfg := embed.NewConfig()
+		cfg.Name = fmt.Sprintf("m%d", i)
+		cfg.Dir = e.DataDir
+		cu, _ := url.Parse(e.ClientURL)
+		pu, _ := url.Parse(fmt.Sprintf("https://127.0.0.1:%d", e.PeerPort))
+		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+		cfg.InitialCluster = strings.Join(initial, ",")
+		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: node.Path(ServerCert), KeyFile: node.Path(ServerKey), TrustedCAFile: node.Path(CACert), ClientCertAuth: true}
+		cfg.PeerTLSInfo = transport.TLSInfo{CertFile: node.Path(PeerCert), KeyFile: node.Path(PeerKey), TrustedCAFile: node.Path(CACert), ClientCertAuth: true}
+		cfg.LogLevel = "error"
+		cfg.LogOutputs = []string{filepath.Join(t.TempDir(), "etcd.log")}
+		srv, err := embed.StartEtcd(cfg)
+		if err != nil {
+			t.Fatalf("start embedded etcd member %d: %v", i, err)
+		}
+		e.embedded = srv
+		t.Cleanup(e.Stop)
+	}
+	for i, e := range members {
+		select {
+		case <-e.embedded.Server.ReadyNotify():
+		case <-time.After(60 * time.Second):
+			t.Fatalf("embedded etcd member %d not ready in 60s", i)
+		}
+	}
+	return members
+}
+
+// Embedded is the member's embedded server (nil for a binary).
+func (e *Etcd) Embedded() *embed.Etcd { return e.embedded }
