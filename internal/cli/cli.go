@@ -15,10 +15,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
+	"k8s.io/klog/v2"
+
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/bootstrap"
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/joinconfig"
+	"github.com/kairos-io/provider-kubernetes/internal/kube"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/plugin"
@@ -51,7 +55,7 @@ Usage:
       reads nothing and works on any machine.
   provider-kubernetes status [--root DIR] [-o text|yaml|json]
       The last pass's status document.
-  provider-kubernetes status --cluster [--kubeconfig FILE] [-o text|json] [--root DIR]
+  provider-kubernetes status --cluster [--kubeconfig FILE] [--context NAME] [-o text|json] [--root DIR]
       Every node (role, kubelet and apiserver versions, the provider's last
       pass from its Node annotations, what its next boot would do) and the
       rollout's next step. Exit 0 when every node is converged at one
@@ -118,6 +122,9 @@ import-images, something kept or refused), 2 usage, 3 refused.
 // event name (agent.boot, cluster.reset) first, it is the Kairos plugin;
 // otherwise the command line interface. It returns the exit code.
 func Entry(ctx context.Context, argv []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	// client-go logs through klog what it also returns as an error; the
+	// provider reports errors itself, once, escaped.
+	klog.SetLogger(logr.Discard())
 	return entry(ctx, argv, "/", stdin, stdout, stderr)
 }
 
@@ -125,6 +132,11 @@ func entry(ctx context.Context, argv []string, root string, stdin io.Reader, std
 	if len(argv) == 0 {
 		fmt.Fprint(stderr, usage)
 		return reconcile.ExitUsage
+	}
+	if kube.IsPluginBound(argv[1:]) {
+		// client-go runs a kubeconfig's credential plugin through this
+		// binary, which bounds its time and output (internal/kube).
+		return kube.RunPluginBound(ctx, argv[1:], stdin, stdout, stderr)
 	}
 	asPlugin := filepath.Base(argv[0]) == plugin.BinaryName
 	if asPlugin || len(argv) > 1 && plugin.IsEvent(argv[1]) {
@@ -430,7 +442,8 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	root := fs.String("root", "/", "host root")
 	out := fs.String("o", "text", "output: text, yaml or json")
 	cluster := fs.Bool("cluster", false, "every node of the cluster and the rollout's next step, from the API")
-	kubeconfig := fs.String("kubeconfig", "", "with --cluster: a kubeconfig with read access (host path under --root; default admin.conf, else kubelet.conf)")
+	kubeconfig := fs.String("kubeconfig", "", "with --cluster: a kubeconfig with read access (host path under --root; default: the KUBECONFIG list, else admin.conf, else kubelet.conf)")
+	kubeContext := fs.String("context", "", "with --cluster: the kubeconfig context to use (default: its current context)")
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
@@ -439,7 +452,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			fmt.Fprintf(stderr, "-o must be text or json with --cluster, got %q\n", status.Printable(*out))
 			return reconcile.ExitUsage
 		}
-		return clusterStatus(ctx, paths.Root(*root), *kubeconfig, *out, stdout, stderr)
+		return clusterStatus(ctx, paths.Root(*root), kubeSource(*kubeconfig, os.Getenv("KUBECONFIG"), *kubeContext), *out, stdout, stderr)
 	}
 	if *out != "text" && *out != "yaml" && *out != "json" {
 		fmt.Fprintf(stderr, "-o must be text, yaml or json, got %q\n", *out)

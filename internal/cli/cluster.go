@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 	"time"
 
 	"github.com/kairos-io/provider-kubernetes/images"
@@ -15,18 +16,35 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 )
 
+// kubeSource is where status --cluster reads its kubeconfig, as kubectl
+// does: --kubeconfig, else the KUBECONFIG list, else (no files) the node's
+// own; a relative path is the working directory's.
+func kubeSource(explicit, env, context string) kube.Source {
+	src := kube.SourceFromEnv(explicit, env, context)
+	for i, f := range src.Files {
+		if !filepath.IsAbs(f) {
+			if abs, err := filepath.Abs(f); err == nil {
+				src.Files[i] = abs
+			}
+		}
+	}
+	return src
+}
+
 // clusterStatus is `status --cluster`: every node's versions and last
 // pass, and what the rollout needs next. Exit 0 when every node is
 // converged at one version, 1 otherwise (or when the API cannot be read).
-func clusterStatus(ctx context.Context, root paths.Root, kubeconfig, format string, stdout, stderr io.Writer) int {
-	kcs := []string{kubeconfig}
-	if kubeconfig == "" {
+func clusterStatus(ctx context.Context, root paths.Root, src kube.Source, format string, stdout, stderr io.Writer) int {
+	timeout := reconcile.DefaultBudgets().APIRequest
+	var client *kube.Client
+	var err error
+	if len(src.Files) == 0 {
 		// The node's own: admin.conf on a control plane (a node's
 		// kubelet.conf may not list Nodes), kubelet.conf elsewhere.
-		kcs = []string{paths.AdminConf, paths.KubeletConf}
+		client, err = kube.LoadFirst(root, timeout, src.Context, paths.AdminConf, paths.KubeletConf)
+	} else {
+		client, err = kube.LoadSource(root, timeout, src)
 	}
-	timeout := reconcile.DefaultBudgets().APIRequest
-	client, err := kube.Load(root, timeout, kcs...)
 	if err != nil {
 		fmt.Fprintf(stderr, "status --cluster: %s\n", status.Printable(err.Error()))
 		return reconcile.ExitFailed

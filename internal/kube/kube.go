@@ -1,37 +1,48 @@
 // Package kube reads and writes the few API objects the provider needs: the
 // cluster version from kube-system/kubeadm-config, Nodes, a few kube-system
-// workloads, Events, bootstrap-token Secrets. Kubeconfigs are read under the
-// root, with their file paths re-based there too.
+// workloads, Events, bootstrap-token Secrets.
 //
-// It is a lean client over net/http that does what client-go's REST
-// client does for these calls (kubeconfig resolution and checks, TLS,
-// credentials including exec plugins, the "timeout" parameter, retries
-// after Retry-After, Status errors and NotFound), decoding only the fields
-// the provider reads. client-go is not linked: its packages' init and size
-// were most of what every provider process spent starting, on every boot,
-// converged or not.
+// Requests go through client-go's REST client (k8s.io/client-go/rest) and
+// kubeconfigs are resolved by client-go's clientcmd, from bytes the
+// provider reads itself: the kubeconfig and every file it names are read
+// under the root without following a symlink, bounded, and only for the
+// context used (kubeconfig.go). What the provider adds around client-go:
+// every answer's body is bounded (MaxAnswer, counted after decompression),
+// a redirect to another scheme or host is never followed with the
+// credentials, a credential plugin runs bounded (plugin.go), a list is
+// read in pages and bounded in objects (MaxObjects), warnings are printed
+// escaped. The objects read are decoded into the few fields the provider
+// uses; client-go's typed clientset is not linked (its init registers
+// every API group).
 package kube
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/rest"
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
@@ -39,15 +50,26 @@ import (
 // userAgent is what every request says it comes from.
 const userAgent = "provider-kubernetes"
 
+// MaxAnswer bounds the body of one answer from an apiserver, counted as
+// read (after any decompression): a page of MaxPage Nodes is a few MiB.
+const MaxAnswer = 32 << 20
+
+// MaxPage is the page size of a list; MaxObjects bounds the objects of a
+// whole list (Kubernetes supports 5,000 Nodes in a cluster).
+const (
+	MaxPage    = 500
+	MaxObjects = 10000
+)
+
 // Client talks to one apiserver, and says where its kubeconfig came from.
 type Client struct {
-	Kubeconfig string // host path
+	Kubeconfig string // host path (a list: joined by ':')
 	NodeName   string // from the kubeconfig's client certificate, if it is a node's
 	Server     string // the API server URL the kubeconfig points at
-	conn       *conn
-	timeout    time.Duration // each call's bound
-	hc         *http.Client
-	exec       *execPlugin // the kubeconfig's credential plugin, if any
+	cfg        *rest.Config
+	core       *rest.RESTClient // /api/v1
+	apps       *rest.RESTClient // /apis/apps/v1
+	timeout    time.Duration    // each call's bound
 }
 
 // ErrNoKubeconfig is returned when neither kubelet.conf nor admin.conf exists.
@@ -56,9 +78,15 @@ var ErrNoKubeconfig = errors.New("no kubeconfig: neither kubelet.conf nor admin.
 // Load builds a client from the first readable kubeconfig (host paths under
 // root). The per-request timeout bounds every call made through it.
 func Load(root paths.Root, timeout time.Duration, kubeconfigs ...string) (*Client, error) {
+	return LoadFirst(root, timeout, "", kubeconfigs...)
+}
+
+// LoadFirst is Load with a context chosen by name ("": each file's current
+// context).
+func LoadFirst(root paths.Root, timeout time.Duration, context string, kubeconfigs ...string) (*Client, error) {
 	var errs []error
 	for _, kc := range kubeconfigs {
-		c, err := load(root, kc, timeout)
+		c, err := LoadSource(root, timeout, Source{Files: []string{kc}, Context: context})
 		if err == nil {
 			return c, nil
 		}
@@ -67,75 +95,261 @@ func Load(root paths.Root, timeout time.Duration, kubeconfigs ...string) (*Clien
 	return nil, fmt.Errorf("%w: %v", ErrNoKubeconfig, errors.Join(errs...))
 }
 
-func load(root paths.Root, kc string, timeout time.Duration) (*Client, error) {
-	b, err := fsutil.ReadFileNoFollow(root.Path(kc), 1<<20)
+// LoadSource builds a client from a kubeconfig source: a KUBECONFIG-style
+// list merged as kubectl merges it, a context chosen by name.
+func LoadSource(root paths.Root, timeout time.Duration, src Source) (*Client, error) {
+	rc, origin, err := loadSource(root, src, timeout)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", kc, err)
+		return nil, err
 	}
-	cfg, err := parseKubeconfig(b)
+	c, err := newClient(rc, timeout)
 	if err != nil {
-		return nil, fmt.Errorf("parse %s: %w", kc, err)
+		return nil, fmt.Errorf("client for %s: %w", origin, err)
 	}
-	if err := inline(root, cfg); err != nil {
-		return nil, fmt.Errorf("%s: %w", kc, err)
-	}
-	cn, err := cfg.resolve()
-	if err != nil {
-		return nil, fmt.Errorf("client config %s: %w", kc, err)
-	}
-	c := forConn(cn, timeout)
-	c.Kubeconfig, c.NodeName = kc, nodeName(cn.user.ClientCertificateData)
+	c.Kubeconfig = origin
 	return c, nil
 }
 
-// forConn is a client over its own transport (one connection per server).
-func forConn(cn *conn, timeout time.Duration) *Client {
-	c := &Client{Server: cn.host, conn: cn, timeout: timeout}
-	if cn.user.Exec != nil {
-		c.exec = &execPlugin{cfg: cn.user.Exec, cluster: cn.cluster, server: cn.host}
-		if cn.tls != nil && len(cn.tls.Certificates) == 0 {
-			cn.tls.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
-				_, cert, err := c.exec.credentials(cri.Context())
-				if err != nil || cert == nil {
-					return &tls.Certificate{}, err
-				}
-				return cert, nil
-			}
-		}
+// codecs decode the one object client-go itself reads of an answer, a
+// failure's Status.
+var codecs = func() serializer.CodecFactory {
+	s := runtime.NewScheme()
+	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
+	return serializer.NewCodecFactory(s)
+}()
+
+// newClient is a client over rc with the provider's bounds.
+func newClient(rc *rest.Config, timeout time.Duration) (*Client, error) {
+	rc = rest.CopyConfig(rc)
+	rc.Timeout = timeout
+	rc.UserAgent = userAgent
+	rc.QPS, rc.Burst = 50, 100
+	rc.WarningHandler, rc.WarningHandlerWithContext = nil, warnings{}
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return boundBodies{rt} })
+	rc.ContentConfig = rest.ContentConfig{ContentType: "application/json", AcceptContentTypes: "application/json",
+		NegotiatedSerializer: codecs.WithoutConversion()}
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return nil, err
 	}
-	c.hc = &http.Client{Transport: cn.transport(), Timeout: timeout}
-	return c
+	h := *hc
+	h.CheckRedirect = sameOrigin
+	c := &Client{Server: rc.Host, cfg: rc, timeout: timeout, NodeName: nodeName(rc.TLSClientConfig.CertData)}
+	core := *rc
+	core.APIPath, core.GroupVersion = "/api", &schema.GroupVersion{Version: "v1"}
+	if c.core, err = rest.RESTClientForConfigAndClient(&core, &h); err != nil {
+		return nil, err
+	}
+	apps := *rc
+	apps.APIPath, apps.GroupVersion = "/apis", &schema.GroupVersion{Group: "apps", Version: "v1"}
+	if c.apps, err = rest.RESTClientForConfigAndClient(&apps, &h); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// sameOrigin follows a redirect only to the scheme and host the request
+// went to: client-go's credentials (a bearer token, a client certificate)
+// go with every request the transport sends, a redirected one included.
+func sameOrigin(req *http.Request, via []*http.Request) error {
+	first := via[0].URL
+	if req.URL.Scheme != first.Scheme || req.URL.Host != first.Host {
+		return errors.New("the apiserver redirected to another scheme or host: not followed, the credentials stay")
+	}
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	return nil
+}
+
+// ErrAnswerTooLarge is an answer past MaxAnswer.
+var ErrAnswerTooLarge = fmt.Errorf("the apiserver's answer is larger than %d bytes", MaxAnswer)
+
+// boundBodies bounds every answer's body as it is read.
+type boundBodies struct{ rt http.RoundTripper }
+
+func (b boundBodies) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := b.rt.RoundTrip(req)
+	if err != nil || resp.Body == nil {
+		return resp, err
+	}
+	if resp.ContentLength > MaxAnswer {
+		resp.Body.Close()
+		return nil, ErrAnswerTooLarge
+	}
+	resp.Body = &boundedBody{rc: resp.Body, left: MaxAnswer}
+	return resp, nil
+}
+
+type boundedBody struct {
+	rc   io.ReadCloser
+	left int64
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	if b.left < 0 {
+		return 0, ErrAnswerTooLarge
+	}
+	if int64(len(p)) > b.left+1 {
+		p = p[:b.left+1]
+	}
+	n, err := b.rc.Read(p)
+	b.left -= int64(n)
+	if b.left < 0 {
+		return n, ErrAnswerTooLarge
+	}
+	return n, err
+}
+
+func (b *boundedBody) Close() error { return b.rc.Close() }
+
+// raw is a result's body, and its error as client-go's typed clients
+// give it: the Status an apiserver's refusal carries, when it carries one.
+func raw(res rest.Result) ([]byte, error) {
+	b, err := res.Raw()
+	if err != nil {
+		err = res.Error()
+	}
+	return b, err
+}
+
+// WrappedRoundTripper lets client-go cancel through the bound.
+func (b boundBodies) WrappedRoundTripper() http.RoundTripper { return b.rt }
+
+// checkName refuses a name that is not one Kubernetes allows for the
+// objects the provider names (an RFC 1123 subdomain: Nodes, Pods,
+// ConfigMaps, Secrets), before it becomes part of a URL path. The name
+// comes from a hostname or a file: described, never quoted.
+func checkName(kind, name string) error {
+	if len(validation.IsDNS1123Subdomain(name)) == 0 {
+		return nil
+	}
+	return fmt.Errorf("a %s name of %d bytes that is not an RFC 1123 name (not shown)", kind, len(name))
+}
+
+// shown is a name as an error may show it: itself when it is one
+// Kubernetes allows, else a description.
+func shown(name string) string {
+	if len(validation.IsDNS1123Subdomain(name)) == 0 {
+		return name
+	}
+	return "(a name that is not RFC 1123, not shown)"
+}
+
+// warnings prints an apiserver's Warning headers escaped and bounded, to
+// w (nil: the process's stderr).
+type warnings struct{ w io.Writer }
+
+func (h warnings) HandleWarningHeaderWithContext(_ context.Context, code int, _ string, text string) {
+	if code != 299 || text == "" {
+		return
+	}
+	if len(text) > 512 {
+		text = text[:512] + "..."
+	}
+	w := h.w
+	if w == nil {
+		w = os.Stderr
+	}
+	fmt.Fprintln(w, "Warning: "+escapeText(text))
 }
 
 // At is a client for the apiserver at addr ("host:port") with the same
 // credentials and trust: each apiserver of an HA control plane answers for
 // itself, where the kubeconfig's server may be any of them (the endpoint).
 func (c *Client) At(addr string) (*Client, error) {
-	if c.conn == nil {
+	if c.cfg == nil {
 		return nil, errors.New("client has no connection config")
 	}
-	cn := *c.conn
-	cn.host = "https://" + addr
-	base, err := serverURL(cn.host)
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || net.ParseIP(host) == nil && !dnsName(host) || !validPort(port) {
+		return nil, fmt.Errorf("client for an apiserver address of %d bytes that is not host:port (not shown)", len(addr))
+	}
+	rc := rest.CopyConfig(c.cfg)
+	rc.Host = "https://" + net.JoinHostPort(host, port)
+	out, err := newClient(rc, c.timeout)
 	if err != nil {
 		return nil, fmt.Errorf("client for %s: %w", addr, err)
-	}
-	cn.base = base
-	if cn.tls != nil {
-		cn.tls = cn.tls.Clone()
-	} else if cn.tls, err = tlsConfig(cn.cluster, cn.user); err != nil {
-		return nil, fmt.Errorf("client for %s: %w", addr, err)
-	}
-	out := forConn(&cn, c.timeout)
-	if c.exec != nil {
-		out.exec = c.exec // one plugin run per process
 	}
 	out.Kubeconfig, out.NodeName = c.Kubeconfig, c.NodeName
 	return out, nil
 }
 
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n > 0 && n < 65536 && strconv.Itoa(n) == p
+}
+
+// dnsName is an RFC 1123 host name.
+func dnsName(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for _, r := range l {
+			if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r >= 'A' && r <= 'Z') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 func unmarshalCaseSensitive(b []byte, out any) error {
 	return kjson.UnmarshalCaseSensitivePreserveInts(b, out)
+}
+
+// IsNotFound reports an apiserver's answer that the object does not exist.
+func IsNotFound(err error) bool { return apierrors.IsNotFound(err) }
+
+// client is the REST client of a group ("" core, "apps").
+func (c *Client) client(group string) *rest.RESTClient {
+	if group == "apps" {
+		return c.apps
+	}
+	return c.core
+}
+
+// get is a GET of a named object (namespace "" for a cluster resource),
+// bounded by the client's timeout, as the typed clients' Get.
+func (c *Client) get(ctx context.Context, group, namespace, resource, name string, out any) error {
+	if err := checkName(resource, name); err != nil {
+		return err
+	}
+	r := c.client(group).Get().Resource(resource).Name(name).Timeout(c.timeout)
+	if namespace != "" {
+		r = r.Namespace(namespace)
+	}
+	b, err := raw(r.Do(ctx))
+	if err == nil {
+		err = statusInBody(b)
+	}
+	if err != nil {
+		return err
+	}
+	return decode(b, out)
+}
+
+// decode reads a successful answer into out: field names matched
+// case-sensitively, as client-go's JSON serializer does.
+func decode(body []byte, out any) error {
+	if len(body) == 0 {
+		return errors.New("empty answer")
+	}
+	return unmarshalCaseSensitive(body, out)
+}
+
+// statusInBody is the failure a successful answer may still carry: a
+// Status that is not Success, where an object was expected.
+func statusInBody(b []byte) error {
+	var st metav1.Status
+	if unmarshalCaseSensitive(b, &st) != nil || st.Kind != "Status" || st.Status == metav1.StatusSuccess {
+		return nil
+	}
+	return &apierrors.StatusError{ErrStatus: st}
 }
 
 // ConfigMapData reads a ConfigMap's data.
@@ -156,8 +370,8 @@ func (c *Client) Create(ctx context.Context, namespace, resource string, obj any
 	if err != nil {
 		return err
 	}
-	b, err := c.do(ctx, request{verb: http.MethodPost, path: objectPath("", namespace, resource, ""), body: body,
-		contentType: "application/json", resource: resource, timeout: c.timeout})
+	b, err := raw(c.core.Post().Namespace(namespace).Resource(resource).Timeout(c.timeout).
+		SetHeader("Content-Type", "application/json").Body(body).Do(ctx))
 	if err != nil {
 		return err
 	}
@@ -166,23 +380,12 @@ func (c *Client) Create(ctx context.Context, namespace, resource string, obj any
 
 // Delete deletes a named object of a namespaced core resource.
 func (c *Client) Delete(ctx context.Context, namespace, resource, name string) error {
-	_, err := c.do(ctx, request{verb: http.MethodDelete, path: objectPath("", namespace, resource, name),
-		body: []byte(`{"kind":"DeleteOptions","apiVersion":"v1"}` + "\n"), contentType: "application/json",
-		resource: resource, name: name, timeout: c.timeout})
-	return err
-}
-
-// statusInBody is the failure a successful answer may still carry: a
-// Status that is not Success, where an object was expected.
-func statusInBody(b []byte) error {
-	var st apiStatus
-	// A Status names its kind, literally or with \u escapes: a body with
-	// neither is none (no second decode).
-	if !bytes.Contains(b, []byte(`"Status"`)) && !bytes.Contains(b, []byte(`\u`)) ||
-		unmarshalCaseSensitive(b, &st) != nil || st.Kind != "Status" || st.Status == "Success" {
-		return nil
+	if err := checkName(resource, name); err != nil {
+		return err
 	}
-	return &StatusError{Code: st.Code, Reason: st.Reason, Message: st.Message}
+	_, err := raw(c.core.Delete().Namespace(namespace).Resource(resource).Name(name).Timeout(c.timeout).
+		SetHeader("Content-Type", "application/json").Body([]byte(`{"kind":"DeleteOptions","apiVersion":"v1"}`)).Do(ctx))
+	return err
 }
 
 // APIServers lists the address of every apiserver in the endpoints of the
@@ -227,7 +430,7 @@ func (c *Client) APIServers(ctx context.Context) ([]string, error) {
 // ServerVersion is the version the apiserver this client talks to serves
 // (/version, readable by any authenticated client).
 func (c *Client) ServerVersion(ctx context.Context) (version.Version, error) {
-	body, err := c.do(ctx, request{verb: http.MethodGet, path: "/version", timeout: c.timeout})
+	body, err := raw(c.core.Get().AbsPath("/version").Timeout(c.timeout).Do(ctx))
 	if err != nil {
 		return version.Version{}, fmt.Errorf("/version of %s: %w", c.Server, err)
 	}
@@ -242,59 +445,6 @@ func (c *Client) ServerVersion(ctx context.Context) (version.Version, error) {
 		return version.Version{}, fmt.Errorf("/version of %s: %w", c.Server, err)
 	}
 	return v, nil
-}
-
-// inline reads every file a kubeconfig names (CA, client certificate and
-// key, token file) under the root through the provider's checked open, and
-// puts the content into the config: client-go would otherwise open them
-// itself, following any symlink and blocking on a planted FIFO. The one
-// link followed is the kubelet's own rotation link
-// (kubelet-client-current.pem -> kubelet-client-<time>.pem, in its
-// root-owned pki directory): fsutil.ReadFileRotated.
-func inline(root paths.Root, cfg *kubeconfig) error {
-	read := func(p string) ([]byte, error) {
-		if !strings.HasPrefix(p, "/") {
-			return nil, fmt.Errorf("%q is not an absolute path", p)
-		}
-		b, err := fsutil.ReadFileRotated(string(root), p, 1<<20)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", p, err)
-		}
-		return b, nil
-	}
-	var err error
-	for i := range cfg.Clusters {
-		c := &cfg.Clusters[i].Cluster
-		if c.CertificateAuthority != "" {
-			if c.CertificateAuthorityData, err = read(c.CertificateAuthority); err != nil {
-				return err
-			}
-			c.CertificateAuthority = ""
-		}
-	}
-	for i := range cfg.AuthInfos {
-		a := &cfg.AuthInfos[i].AuthInfo
-		if a.ClientCertificate != "" {
-			if a.ClientCertificateData, err = read(a.ClientCertificate); err != nil {
-				return err
-			}
-			a.ClientCertificate = ""
-		}
-		if a.ClientKey != "" {
-			if a.ClientKeyData, err = read(a.ClientKey); err != nil {
-				return err
-			}
-			a.ClientKey = ""
-		}
-		if a.TokenFile != "" {
-			b, err := read(a.TokenFile)
-			if err != nil {
-				return err
-			}
-			a.Token, a.TokenFile = strings.TrimSpace(string(b)), ""
-		}
-	}
-	return nil
 }
 
 // nodeName is the CN of a node client certificate ("system:node:NAME").
@@ -361,9 +511,12 @@ func (n NodeInfo) NoCNI() bool {
 
 // Readyz asks the apiserver this client talks to for /readyz.
 func (c *Client) Readyz(ctx context.Context) error {
-	body, err := c.do(ctx, request{verb: http.MethodGet, path: "/readyz", timeout: c.timeout, keepBody: true})
+	body, err := raw(c.core.Get().AbsPath("/readyz").Timeout(c.timeout).Do(ctx))
 	if err != nil {
-		return fmt.Errorf("/readyz via %s: %w (%s)", c.Kubeconfig, err, strings.TrimSpace(string(body)))
+		if len(body) > 2048 {
+			body = body[:2048]
+		}
+		return fmt.Errorf("/readyz via %s: %w (%s)", c.Kubeconfig, err, escapeText(string(body)))
 	}
 	return nil
 }
@@ -416,7 +569,7 @@ func (c *Client) Pod(ctx context.Context, namespace, name string) (PodInfo, erro
 		} `json:"status"`
 	}
 	if err := c.get(ctx, "", namespace, "pods", name, &p); err != nil {
-		return PodInfo{}, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+		return PodInfo{}, fmt.Errorf("get pod %s/%s: %w", namespace, shown(name), err)
 	}
 	if len(p.Spec.Containers) == 0 {
 		return PodInfo{}, fmt.Errorf("pod %s/%s has no container", namespace, name)
@@ -439,13 +592,15 @@ func (c *Client) Pod(ctx context.Context, namespace, name string) (PodInfo, erro
 // Annotate merges annotations into a Node's metadata (a JSON merge patch:
 // other annotations stay). A node's own credentials may patch its own Node.
 func (c *Client) Annotate(ctx context.Context, node string, annotations map[string]string) error {
+	if err := checkName("node", node); err != nil {
+		return fmt.Errorf("annotate node: %w", err)
+	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
 	if err != nil {
 		return err
 	}
-	b, err := c.do(ctx, request{verb: http.MethodPatch, path: objectPath("", "", "nodes", node),
-		query: map[string][]string{"fieldManager": {"provider-kubernetes"}}, body: patch,
-		contentType: "application/merge-patch+json", resource: "nodes", name: node, timeout: c.timeout})
+	b, err := raw(c.core.Patch(types.MergePatchType).Resource("nodes").Name(node).Param("fieldManager", "provider-kubernetes").
+		Timeout(c.timeout).Body(patch).Do(ctx))
 	if err == nil {
 		err = statusInBody(b)
 	}
@@ -522,6 +677,9 @@ type event struct {
 // namespace, as the kubelet records its own), so `kubectl describe node`
 // shows it. eventType is Normal or Warning.
 func (c *Client) NodeEvent(ctx context.Context, nodeName, eventType, reason, message string, now time.Time) error {
+	if err := checkName("node", nodeName); err != nil {
+		return fmt.Errorf("record event %s: %w", reason, err)
+	}
 	var n node
 	uid := ""
 	if c.get(ctx, "", "", "nodes", nodeName, &n) == nil {
@@ -550,28 +708,42 @@ type NodeRecord struct {
 	Annotations    map[string]string
 }
 
-// listNodes lists the Nodes (those matching selector, when given).
+// listNodes lists the Nodes (those matching selector, when given), in
+// pages of MaxPage, at most MaxObjects in all.
 func (c *Client) listNodes(ctx context.Context, selector string) ([]node, error) {
-	// As the typed client lists: no server-side timeout parameter, and
-	// the HTTP client's timeout alone bounds it.
-	r := request{verb: http.MethodGet, path: objectPath("", "", "nodes", ""), resource: "nodes"}
-	if selector != "" {
-		r.query = map[string][]string{"labelSelector": {selector}}
+	var out []node
+	cont := ""
+	for {
+		r := c.core.Get().Resource("nodes").Param("limit", strconv.Itoa(MaxPage))
+		if selector != "" {
+			r = r.Param("labelSelector", selector)
+		}
+		if cont != "" {
+			r = r.Param("continue", cont)
+		}
+		b, err := raw(r.Do(ctx))
+		if err == nil {
+			err = statusInBody(b)
+		}
+		var l struct {
+			Metadata struct {
+				Continue string `json:"continue"`
+			} `json:"metadata"`
+			Items []node `json:"items"`
+		}
+		if err == nil {
+			err = decode(b, &l)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if out = append(out, l.Items...); len(out) > MaxObjects {
+			return nil, fmt.Errorf("more than %d nodes listed", MaxObjects)
+		}
+		if cont = l.Metadata.Continue; cont == "" {
+			return out, nil
+		}
 	}
-	b, err := c.do(ctx, r)
-	if err == nil {
-		err = statusInBody(b)
-	}
-	var l struct {
-		Items []node `json:"items"`
-	}
-	if err == nil {
-		err = decode(b, &l)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return l.Items, nil
 }
 
 // Nodes lists every Node, sorted by name (needs list on Nodes).
@@ -664,7 +836,7 @@ type workload struct {
 func (c *Client) DaemonSet(ctx context.Context, namespace, name string) (Rollout, error) {
 	var d workload
 	if err := c.get(ctx, "apps", namespace, "daemonsets", name, &d); err != nil {
-		return Rollout{}, fmt.Errorf("get daemonset %s/%s: %w", namespace, name, err)
+		return Rollout{}, fmt.Errorf("get daemonset %s/%s: %w", namespace, shown(name), err)
 	}
 	if len(d.Spec.Template.Spec.Containers) == 0 {
 		return Rollout{}, fmt.Errorf("daemonset %s/%s has no container", namespace, name)
@@ -678,7 +850,7 @@ func (c *Client) DaemonSet(ctx context.Context, namespace, name string) (Rollout
 func (c *Client) Deployment(ctx context.Context, namespace, name string) (Rollout, error) {
 	var d workload
 	if err := c.get(ctx, "apps", namespace, "deployments", name, &d); err != nil {
-		return Rollout{}, fmt.Errorf("get deployment %s/%s: %w", namespace, name, err)
+		return Rollout{}, fmt.Errorf("get deployment %s/%s: %w", namespace, shown(name), err)
 	}
 	if len(d.Spec.Template.Spec.Containers) == 0 {
 		return Rollout{}, fmt.Errorf("deployment %s/%s has no container", namespace, name)
@@ -699,7 +871,7 @@ func (c *Client) Node(ctx context.Context, name string) (NodeInfo, error) {
 	}
 	var n node
 	if err := c.get(ctx, "", "", "nodes", name, &n); err != nil {
-		return NodeInfo{}, fmt.Errorf("get node %s: %w", name, err)
+		return NodeInfo{}, fmt.Errorf("get node %s: %w", shown(name), err)
 	}
 	v, err := version.ParseReported(n.Status.NodeInfo.KubeletVersion)
 	if err != nil {

@@ -1,544 +1,271 @@
 package kube
 
 import (
-	"bytes"
-	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
-	"net/url"
 	"os"
-	"os/exec"
-	"sync"
-	"syscall"
+	"path/filepath"
+	"sort"
+	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-	kjson "sigs.k8s.io/json"
-	"sigs.k8s.io/yaml"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
 )
 
-// kubeconfig is a kubeconfig file (clientcmd/api/v1 Config), the fields
-// the provider uses.
-type kubeconfig struct {
-	APIVersion string `json:"apiVersion,omitempty"`
-	Kind       string `json:"kind,omitempty"`
-	Clusters   []struct {
-		Name    string      `json:"name"`
-		Cluster clusterInfo `json:"cluster"`
-	} `json:"clusters"`
-	AuthInfos []struct {
-		Name     string   `json:"name"`
-		AuthInfo authInfo `json:"user"`
-	} `json:"users"`
-	Contexts []struct {
-		Name    string      `json:"name"`
-		Context contextInfo `json:"context"`
-	} `json:"contexts"`
-	CurrentContext string `json:"current-context"`
+// The bounds on what a kubeconfig makes the provider read: the kubeconfig
+// files themselves (a KUBECONFIG list), each file one names, and all of
+// those together. Only the files of the context used are read at all.
+const (
+	maxKubeconfigFile = 1 << 20
+	maxKubeconfigs    = 16
+	maxNamedFile      = 1 << 20
+	maxNamedTotal     = 2 << 20
+)
+
+// Source says where a client's kubeconfig comes from: one file (or the
+// first readable of several, Load), or a KUBECONFIG-style list merged as
+// kubectl merges it, with a context chosen by name.
+type Source struct {
+	// Files are host paths (under the root). Merged: the first file to
+	// name a cluster, user or context wins it, and the first
+	// current-context set is the one; a missing file is skipped, as
+	// kubectl skips it.
+	Files []string
+	// Context overrides the current context (kubectl's --context).
+	Context string
 }
 
-type clusterInfo struct {
-	Server                   string `json:"server"`
-	TLSServerName            string `json:"tls-server-name,omitempty"`
-	InsecureSkipTLSVerify    bool   `json:"insecure-skip-tls-verify,omitempty"`
-	CertificateAuthority     string `json:"certificate-authority,omitempty"`
-	CertificateAuthorityData []byte `json:"certificate-authority-data,omitempty"`
-	ProxyURL                 string `json:"proxy-url,omitempty"`
-	DisableCompression       bool   `json:"disable-compression,omitempty"`
-	Extensions               []struct {
-		Name      string          `json:"name"`
-		Extension json.RawMessage `json:"extension"`
-	} `json:"extensions,omitempty"`
-}
-
-type authInfo struct {
-	ClientCertificate     string              `json:"client-certificate,omitempty"`
-	ClientCertificateData []byte              `json:"client-certificate-data,omitempty"`
-	ClientKey             string              `json:"client-key,omitempty"`
-	ClientKeyData         []byte              `json:"client-key-data,omitempty"`
-	Token                 string              `json:"token,omitempty"`
-	TokenFile             string              `json:"tokenFile,omitempty"`
-	Impersonate           string              `json:"as,omitempty"`
-	ImpersonateUID        string              `json:"as-uid,omitempty"`
-	ImpersonateGroups     []string            `json:"as-groups,omitempty"`
-	ImpersonateUserExtra  map[string][]string `json:"as-user-extra,omitempty"`
-	Username              string              `json:"username,omitempty"`
-	Password              string              `json:"password,omitempty"`
-	AuthProvider          *struct {
-		Name string `json:"name"`
-	} `json:"auth-provider,omitempty"`
-	Exec *execConfig `json:"exec,omitempty"`
-}
-
-type execConfig struct {
-	Command string   `json:"command"`
-	Args    []string `json:"args"`
-	Env     []struct {
-		Name  string `json:"name"`
-		Value string `json:"value"`
-	} `json:"env"`
-	APIVersion         string `json:"apiVersion,omitempty"`
-	InstallHint        string `json:"installHint,omitempty"`
-	ProvideClusterInfo bool   `json:"provideClusterInfo"`
-	InteractiveMode    string `json:"interactiveMode,omitempty"`
-}
-
-type contextInfo struct {
-	Cluster   string `json:"cluster"`
-	AuthInfo  string `json:"user"`
-	Namespace string `json:"namespace,omitempty"`
-}
-
-// parseKubeconfig decodes a kubeconfig as clientcmd.Load does: YAML or
-// JSON, field names matched case-sensitively, unknown fields ignored,
-// names unique per list; empty input is an empty config.
-func parseKubeconfig(b []byte) (*kubeconfig, error) {
-	cfg := &kubeconfig{}
-	if len(bytes.TrimSpace(b)) == 0 {
-		return cfg, nil
+// SourceFromEnv is the source kubectl would use: an explicit file, else
+// the KUBECONFIG list (colon-separated), else def.
+func SourceFromEnv(explicit, kubeconfigEnv, context string, def ...string) Source {
+	if explicit != "" {
+		return Source{Files: []string{explicit}, Context: context}
 	}
-	j, err := yaml.YAMLToJSON(b)
+	var files []string
+	for _, f := range filepath.SplitList(kubeconfigEnv) {
+		if f != "" {
+			files = append(files, f)
+		}
+	}
+	if len(files) == 0 {
+		files = def
+	}
+	return Source{Files: files, Context: context}
+}
+
+// loadSource reads, merges and resolves a source into the rest.Config of
+// its context: every file read through the provider's checked open
+// (no symlink, no FIFO or device, bounded), relative paths resolved
+// against the file that names them, the context's own files read the
+// same way and inlined, its credential plugin bounded. clientcmd then
+// validates and builds the config from bytes alone.
+func loadSource(root paths.Root, src Source, timeout time.Duration) (*rest.Config, string, error) {
+	if len(src.Files) == 0 {
+		return nil, "", errors.New("no kubeconfig named")
+	}
+	if len(src.Files) > maxKubeconfigs {
+		return nil, "", fmt.Errorf("%d kubeconfig files named, more than %d", len(src.Files), maxKubeconfigs)
+	}
+	merged := clientcmdapi.NewConfig()
+	var origin []string
+	for _, f := range src.Files {
+		if !filepath.IsAbs(f) {
+			return nil, "", fmt.Errorf("kubeconfig %s: not an absolute path", describePath(f))
+		}
+		b, err := fsutil.ReadFileNoFollow(root.Path(f), maxKubeconfigFile)
+		if err != nil {
+			if len(src.Files) > 1 && errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return nil, "", fmt.Errorf("read %s: %w", f, err)
+		}
+		cfg, err := clientcmd.Load(b)
+		if err != nil {
+			return nil, "", fmt.Errorf("parse %s: %w", f, err)
+		}
+		if err := clientcmd.ResolveConfigPaths(cfg, filepath.Dir(f)); err != nil {
+			return nil, "", fmt.Errorf("%s: %w", f, err)
+		}
+		mergeFirstWins(merged, cfg)
+		origin = append(origin, f)
+	}
+	if len(origin) == 0 {
+		return nil, "", fmt.Errorf("none of the kubeconfigs exists: %s", strings.Join(src.Files, ", "))
+	}
+	name := merged.CurrentContext
+	if src.Context != "" {
+		name = src.Context
+	}
+	cfg, err := only(merged, name)
 	if err != nil {
-		return nil, err
+		return nil, "", fmt.Errorf("%s: %w", strings.Join(origin, ", "), err)
 	}
-	if err := kjson.UnmarshalCaseSensitivePreserveInts(j, cfg); err != nil {
-		return nil, err
-	}
-	if (cfg.Kind != "" && cfg.Kind != "Config") || (cfg.APIVersion != "" && cfg.APIVersion != "v1") {
-		return nil, fmt.Errorf("not a kubeconfig: apiVersion %q, kind %q", cfg.APIVersion, cfg.Kind)
-	}
-	seen := map[string]bool{}
-	dup := func(list, name string) error {
-		if seen[list+"/"+name] {
-			return fmt.Errorf("duplicate name %q in %s", name, list)
-		}
-		seen[list+"/"+name] = true
-		return nil
-	}
-	for _, c := range cfg.Clusters {
-		if err := dup("clusters", c.Name); err != nil {
-			return nil, err
-		}
+	if err := inline(root, cfg); err != nil {
+		return nil, "", fmt.Errorf("%s: %w", strings.Join(origin, ", "), err)
 	}
 	for _, a := range cfg.AuthInfos {
-		if err := dup("users", a.Name); err != nil {
-			return nil, err
+		if a.Exec != nil {
+			boundPluginFor(a.Exec, timeout)
 		}
 	}
-	for _, c := range cfg.Contexts {
-		if err := dup("contexts", c.Name); err != nil {
-			return nil, err
-		}
+	rc, err := clientcmd.NewNonInteractiveClientConfig(*cfg, name, &clientcmd.ConfigOverrides{}, nil).ClientConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("client config %s: %w", strings.Join(origin, ", "), err)
 	}
-	return cfg, nil
+	return rc, strings.Join(origin, ":"), nil
 }
 
-// conn is what a kubeconfig's current context resolves to: where, and as
-// whom.
-type conn struct {
-	host    string // the server as written (scheme, host, path prefix)
-	base    *url.URL
-	cluster clusterInfo
-	user    authInfo
-	tls     *tls.Config // nil over plain http
-	proxy   func(*http.Request) (*url.URL, error)
+// mergeFirstWins is clientcmd's merge of a kubeconfig list.
+func mergeFirstWins(into, cfg *clientcmdapi.Config) {
+	for k, v := range cfg.Clusters {
+		if _, ok := into.Clusters[k]; !ok {
+			into.Clusters[k] = v
+		}
+	}
+	for k, v := range cfg.AuthInfos {
+		if _, ok := into.AuthInfos[k]; !ok {
+			into.AuthInfos[k] = v
+		}
+	}
+	for k, v := range cfg.Contexts {
+		if _, ok := into.Contexts[k]; !ok {
+			into.Contexts[k] = v
+		}
+	}
+	if into.CurrentContext == "" {
+		into.CurrentContext = cfg.CurrentContext
+	}
 }
 
-// resolve picks the current context's cluster and user and checks them as
-// clientcmd's DirectClientConfig does before it builds a client.
-func (cfg *kubeconfig) resolve() (*conn, error) {
-	var ctx contextInfo
-	if cfg.CurrentContext != "" {
-		found := false
-		for _, c := range cfg.Contexts {
-			if c.Name == cfg.CurrentContext {
-				ctx, found = c.Context, true
-			}
-		}
-		if !found {
-			return nil, fmt.Errorf("context was not found for specified context: %v", cfg.CurrentContext)
-		}
+// only is the config of one context: that context, its cluster and its
+// user, nothing else (what no request uses is never read). A context
+// named but absent is clientcmd's error.
+func only(cfg *clientcmdapi.Config, name string) (*clientcmdapi.Config, error) {
+	out := clientcmdapi.NewConfig()
+	out.CurrentContext = name
+	if name == "" {
+		return out, nil // clientcmd says "no configuration has been provided"
 	}
-	var user authInfo
-	if ctx.AuthInfo != "" {
-		found := false
-		for _, a := range cfg.AuthInfos {
-			if a.Name == ctx.AuthInfo {
-				user, found = a.AuthInfo, true
-			}
-		}
-		if !found {
-			return nil, fmt.Errorf("auth info %q does not exist", ctx.AuthInfo)
-		}
+	ctx, ok := cfg.Contexts[name]
+	if !ok {
+		return nil, fmt.Errorf("context %s: not found in the kubeconfig", describeName(name))
 	}
-	var cl clusterInfo
-	if ctx.Cluster != "" {
-		found := false
-		for _, c := range cfg.Clusters {
-			if c.Name == ctx.Cluster {
-				cl, found = c.Cluster, true
-			}
-		}
-		if !found {
-			return nil, fmt.Errorf("cluster %q does not exist", ctx.Cluster)
-		}
+	out.Contexts[name] = ctx
+	if c, ok := cfg.Clusters[ctx.Cluster]; ok {
+		out.Clusters[ctx.Cluster] = c
 	}
-	if errs := validate(ctx.Cluster, cl, ctx.AuthInfo, user); len(errs) > 0 {
-		return nil, fmt.Errorf("invalid configuration: %w", errors.Join(errs...))
+	if a, ok := cfg.AuthInfos[ctx.AuthInfo]; ok {
+		out.AuthInfos[ctx.AuthInfo] = a
 	}
+	return out, nil
+}
 
-	c := &conn{host: cl.Server, cluster: cl, user: user, proxy: http.ProxyFromEnvironment}
-	if cl.ProxyURL != "" {
-		u, err := parseProxyURL(cl.ProxyURL)
+// inline reads every file the config names (CA, client certificate and
+// key, token file) under the root through the provider's checked open,
+// within maxNamedFile each and maxNamedTotal in all, and puts the content
+// into the config: client-go would otherwise open them itself, following
+// any symlink, blocking on a planted FIFO and reading them whole. The one
+// link followed is the kubelet's own rotation link
+// (kubelet-client-current.pem -> kubelet-client-<time>.pem, in its
+// root-owned pki directory): fsutil.ReadFileRotated.
+func inline(root paths.Root, cfg *clientcmdapi.Config) error {
+	total := 0
+	read := func(p string) ([]byte, error) {
+		if !filepath.IsAbs(p) {
+			return nil, fmt.Errorf("%s is not an absolute path", describePath(p))
+		}
+		b, err := fsutil.ReadFileRotated(string(root), p, maxNamedFile)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("read %s: %w", p, err)
 		}
-		c.proxy = http.ProxyURL(u)
-	}
-	if u, err := url.ParseRequestURI(c.host); err == nil && u.Opaque == "" && len(u.Path) > 1 {
-		u.RawQuery, u.Fragment = "", ""
-		c.host = u.String()
-	}
-	base, err := serverURL(c.host)
-	if err != nil {
-		return nil, err
-	}
-	c.base = base
-	if base.Scheme != "https" {
-		// As client-go: no credentials and no TLS but to an https:// server.
-		c.user = authInfo{Impersonate: user.Impersonate, ImpersonateUID: user.ImpersonateUID,
-			ImpersonateGroups: user.ImpersonateGroups, ImpersonateUserExtra: user.ImpersonateUserExtra}
-		return c, nil
-	}
-	if c.tls, err = tlsConfig(cl, c.user); err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
-// validate is clientcmd's validation of the cluster and user used.
-func validate(clusterName string, cl clusterInfo, userName string, u authInfo) []error {
-	var errs []error
-	var methods []string
-	if u.Token != "" {
-		methods = append(methods, "token")
-	}
-	if u.Username != "" || u.Password != "" {
-		methods = append(methods, "basicAuth")
-	}
-	if u.ClientCertificate != "" || len(u.ClientCertificateData) != 0 {
-		if u.ClientCertificate != "" && len(u.ClientCertificateData) != 0 {
-			errs = append(errs, fmt.Errorf("client-cert-data and client-cert are both specified for %v. client-cert-data will override.", userName))
+		if total += len(b); total > maxNamedTotal {
+			return nil, fmt.Errorf("the files the kubeconfig names hold more than %d bytes", maxNamedTotal)
 		}
-		if u.ClientKey != "" && len(u.ClientKeyData) != 0 {
-			errs = append(errs, fmt.Errorf("client-key-data and client-key are both specified for %v; client-key-data will override", userName))
-		}
-		if u.ClientKey == "" && len(u.ClientKeyData) == 0 {
-			errs = append(errs, fmt.Errorf("client-key-data or client-key must be specified for %v to use the clientCert authentication method.", userName))
-		}
+		return b, nil
 	}
-	if u.Exec != nil {
-		if u.AuthProvider != nil {
-			errs = append(errs, fmt.Errorf("authProvider cannot be provided in combination with an exec plugin for %s", userName))
-		}
-		if u.Exec.Command == "" {
-			errs = append(errs, fmt.Errorf("command must be specified for %v to use exec authentication plugin", userName))
-		}
-		if u.Exec.APIVersion == "" {
-			errs = append(errs, fmt.Errorf("apiVersion must be specified for %v to use exec authentication plugin", userName))
-		}
-		for _, v := range u.Exec.Env {
-			if v.Name == "" {
-				errs = append(errs, fmt.Errorf("env variable name must be specified for %v to use exec authentication plugin", userName))
+	var err error
+	for _, name := range sortedKeys(cfg.Clusters) {
+		c := cfg.Clusters[name]
+		if c.CertificateAuthority != "" {
+			if c.CertificateAuthorityData, err = read(c.CertificateAuthority); err != nil {
+				return err
 			}
-		}
-		switch u.Exec.InteractiveMode {
-		case "":
-			// clientcmd's defaulting: IfAvailable, as v1 kubeconfigs may omit it.
-			u.Exec.InteractiveMode = "IfAvailable"
-		case "Never", "IfAvailable", "Always":
-		default:
-			errs = append(errs, fmt.Errorf("invalid interactiveMode for %v: %q", userName, u.Exec.InteractiveMode))
+			c.CertificateAuthority = ""
 		}
 	}
-	if len(methods) > 1 {
-		errs = append(errs, fmt.Errorf("more than one authentication method found for %v; found %v, only one is allowed", userName, methods))
-	}
-	if (u.ImpersonateUID != "" || len(u.ImpersonateGroups) > 0 || len(u.ImpersonateUserExtra) > 0) && u.Impersonate == "" {
-		errs = append(errs, fmt.Errorf("requesting uid, groups or user-extra for %v without impersonating a user", userName))
-	}
-	if u.AuthProvider != nil {
-		// client-go links no auth provider plugin either.
-		errs = append(errs, fmt.Errorf("no Auth Provider found for name %q", u.AuthProvider.Name))
-	}
-
-	if cl.Server == "" && cl.TLSServerName == "" && !cl.InsecureSkipTLSVerify && cl.CertificateAuthority == "" &&
-		len(cl.CertificateAuthorityData) == 0 && cl.ProxyURL == "" && !cl.DisableCompression && len(cl.Extensions) == 0 {
-		return append(errs, errors.New("no configuration has been provided"))
-	}
-	if cl.Server == "" {
-		if clusterName == "" {
-			errs = append(errs, errors.New("default cluster has no server defined"))
-		} else {
-			errs = append(errs, fmt.Errorf("no server found for cluster %q", clusterName))
-		}
-	}
-	if cl.ProxyURL != "" {
-		if _, err := parseProxyURL(cl.ProxyURL); err != nil {
-			errs = append(errs, fmt.Errorf("invalid 'proxy-url' %q for cluster %q: %w", cl.ProxyURL, clusterName, err))
-		}
-	}
-	if cl.CertificateAuthority != "" && len(cl.CertificateAuthorityData) != 0 {
-		errs = append(errs, fmt.Errorf("certificate-authority-data and certificate-authority are both specified for %v. certificate-authority-data will override.", clusterName))
-	}
-	return errs
-}
-
-func parseProxyURL(proxyURL string) (*url.URL, error) {
-	u, err := url.Parse(proxyURL)
-	if err != nil {
-		return nil, fmt.Errorf("could not parse: %v", proxyURL)
-	}
-	switch u.Scheme {
-	case "http", "https", "socks5":
-	default:
-		return nil, fmt.Errorf("unsupported scheme %q, must be http, https, or socks5", u.Scheme)
-	}
-	return u, nil
-}
-
-// serverURL is client-go's DefaultServerURL for a config whose
-// credentials are not merged yet: a host without a scheme is http (and
-// may not have a path); a path is the prefix of every request.
-func serverURL(host string) (*url.URL, error) {
-	if host == "" {
-		return nil, errors.New("host must be a URL or a host:port pair")
-	}
-	u, err := url.Parse(host)
-	if err != nil || u.Scheme == "" || u.Host == "" {
-		if u, err = url.Parse("http://" + host); err != nil {
-			return nil, err
-		}
-		if u.Path != "" && u.Path != "/" {
-			return nil, fmt.Errorf("host must be a URL or a host:port pair: %q", host)
-		}
-	}
-	u.RawQuery, u.Fragment = "", ""
-	return u, nil
-}
-
-// tlsConfig is client-go's TLSConfigFor: TLS 1.2 at least, the cluster's
-// CA (else the system's), its server name, the user's certificate.
-func tlsConfig(cl clusterInfo, u authInfo) (*tls.Config, error) {
-	if cl.InsecureSkipTLSVerify && len(cl.CertificateAuthorityData) > 0 {
-		return nil, errors.New("specifying a root certificates file with the insecure flag is not allowed")
-	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cl.InsecureSkipTLSVerify, ServerName: cl.TLSServerName}
-	if len(cl.CertificateAuthorityData) > 0 {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(cl.CertificateAuthorityData) {
-			return nil, errors.New("unable to load root certificates: unable to parse bytes as PEM block")
-		}
-		c.RootCAs = pool
-	}
-	if len(u.ClientCertificateData) > 0 || len(u.ClientKeyData) > 0 {
-		kp, err := tls.X509KeyPair(u.ClientCertificateData, u.ClientKeyData)
-		if err != nil {
-			return nil, err
-		}
-		c.Certificates = []tls.Certificate{kp}
-	}
-	return c, nil
-}
-
-// transport is client-go's transport for a config: proxy, dial and TLS
-// handshake bounds, HTTP/2 with health-check pings.
-func (c *conn) transport() *http.Transport {
-	t := &http.Transport{
-		Proxy:               c.proxy,
-		DialContext:         (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSHandshakeTimeout: 10 * time.Second,
-		TLSClientConfig:     c.tls,
-		MaxIdleConnsPerHost: 25,
-		IdleConnTimeout:     90 * time.Second,
-		ForceAttemptHTTP2:   true,
-		DisableCompression:  c.cluster.DisableCompression,
-		HTTP2:               &http.HTTP2Config{SendPingTimeout: 30 * time.Second, PingTimeout: 15 * time.Second},
-	}
-	return t
-}
-
-// execCredential is what an exec credential plugin prints.
-type execCredential struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Status     *struct {
-		Token                 string `json:"token"`
-		ClientCertificateData string `json:"clientCertificateData"`
-		ClientKeyData         string `json:"clientKeyData"`
-	} `json:"status"`
-}
-
-// execPluginBound caps one run of a credential plugin: it is a program
-// named by a kubeconfig, and a request must never wait on it forever.
-const execPluginBound = time.Minute
-
-// execPlugin runs a kubeconfig's credential plugin once per process, as
-// client-go's exec authenticator does on first use; a run cut short by its
-// caller's context (or the bound) is not kept, the next call runs it again.
-type execPlugin struct {
-	cfg     *execConfig
-	cluster clusterInfo
-	server  string
-	mu      sync.Mutex
-	done    bool
-	token   string
-	cert    *tls.Certificate
-	err     error
-}
-
-func (p *execPlugin) run(ctx context.Context) {
-	cfg := p.cfg
-	switch cfg.APIVersion {
-	case "client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1":
-	default:
-		p.err = fmt.Errorf("exec plugin: invalid apiVersion %q", cfg.APIVersion)
-		return
-	}
-	interactive := false
-	terminal := isTerminal(os.Stdin)
-	switch cfg.InteractiveMode {
-	case "Never":
-	case "Always":
-		if !terminal {
-			p.err = errors.New("exec plugin cannot support interactive mode: standard input is not a terminal")
-			return
-		}
-		interactive = true
-	default: // IfAvailable
-		interactive = terminal
-	}
-	spec := map[string]any{"interactive": interactive}
-	if cfg.ProvideClusterInfo {
-		cl := map[string]any{"server": p.server}
-		if p.cluster.TLSServerName != "" {
-			cl["tls-server-name"] = p.cluster.TLSServerName
-		}
-		if p.cluster.InsecureSkipTLSVerify {
-			cl["insecure-skip-tls-verify"] = true
-		}
-		if len(p.cluster.CertificateAuthorityData) > 0 {
-			cl["certificate-authority-data"] = p.cluster.CertificateAuthorityData
-		}
-		if p.cluster.ProxyURL != "" {
-			cl["proxy-url"] = p.cluster.ProxyURL
-		}
-		if p.cluster.DisableCompression {
-			cl["disable-compression"] = true
-		}
-		for _, e := range p.cluster.Extensions {
-			if e.Name == "client.authentication.k8s.io/exec" {
-				cl["config"] = e.Extension
+	for _, name := range sortedKeys(cfg.AuthInfos) {
+		a := cfg.AuthInfos[name]
+		if a.ClientCertificate != "" {
+			if a.ClientCertificateData, err = read(a.ClientCertificate); err != nil {
+				return err
 			}
+			a.ClientCertificate = ""
 		}
-		spec["cluster"] = cl
-	}
-	info, err := json.Marshal(map[string]any{"kind": "ExecCredential", "apiVersion": cfg.APIVersion, "spec": spec})
-	if err != nil {
-		p.err = err
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, execPluginBound)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, cfg.Command, cfg.Args...)
-	// The plugin and whatever it starts end with the bound.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = time.Second
-	cmd.Env = os.Environ()
-	for _, e := range cfg.Env {
-		cmd.Env = append(cmd.Env, e.Name+"="+e.Value)
-	}
-	cmd.Env = append(cmd.Env, "KUBERNETES_EXEC_INFO="+string(info))
-	var stdout bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
-	if interactive {
-		cmd.Stdin = os.Stdin
-	}
-	if err := cmd.Run(); err != nil {
-		if ctx.Err() != nil {
-			p.err = fmt.Errorf("exec: executable %s: %w", cfg.Command, ctx.Err())
-			return
+		if a.ClientKey != "" {
+			if a.ClientKeyData, err = read(a.ClientKey); err != nil {
+				return err
+			}
+			a.ClientKey = ""
 		}
-		if errors.Is(err, exec.ErrNotFound) {
-			p.err = fmt.Errorf("exec: executable %s not found\n\n%s", cfg.Command, cfg.InstallHint)
-		} else {
-			p.err = fmt.Errorf("exec: executable %s failed: %w", cfg.Command, err)
-		}
-		return
-	}
-	var cred execCredential
-	if err := kjson.UnmarshalCaseSensitivePreserveInts(stdout.Bytes(), &cred); err != nil {
-		p.err = fmt.Errorf("decoding stdout: %v", err)
-		return
-	}
-	if cred.APIVersion != cfg.APIVersion || cred.Kind != "ExecCredential" {
-		p.err = fmt.Errorf("exec plugin is configured to use API version %s, plugin returned version %s", cfg.APIVersion, cred.APIVersion)
-		return
-	}
-	st := cred.Status
-	switch {
-	case st == nil:
-		p.err = errors.New("exec plugin didn't return a status field")
-	case st.Token == "" && st.ClientCertificateData == "" && st.ClientKeyData == "":
-		p.err = errors.New("exec plugin didn't return a token or cert/key pair")
-	case (st.ClientCertificateData == "") != (st.ClientKeyData == ""):
-		p.err = errors.New("exec plugin returned only certificate or key, not both")
-	default:
-		p.token = st.Token
-		if st.ClientCertificateData != "" {
-			kp, err := tls.X509KeyPair([]byte(st.ClientCertificateData), []byte(st.ClientKeyData))
+		if a.TokenFile != "" {
+			b, err := read(a.TokenFile)
 			if err != nil {
-				p.err = fmt.Errorf("failed parsing client key/certificate: %v", err)
-				return
+				return err
 			}
-			p.cert = &kp
+			a.Token, a.TokenFile = strings.TrimSpace(string(b)), ""
 		}
 	}
+	return nil
 }
 
-func (p *execPlugin) credentials(ctx context.Context) (string, *tls.Certificate, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.done {
-		p.token, p.cert, p.err = "", nil, nil
-		p.run(ctx)
-		p.done = !errors.Is(p.err, context.Canceled) && !errors.Is(p.err, context.DeadlineExceeded)
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
 	}
-	return p.token, p.cert, p.err
+	sort.Strings(out)
+	return out
 }
 
-func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
+// describePath names a path from a kubeconfig without quoting one that
+// is not plain.
+func describePath(p string) string {
+	if p != "" && len(p) <= 256 && strings.IndexFunc(p, func(r rune) bool { return r < 0x21 || r > 0x7e }) < 0 {
+		return p
+	}
+	return fmt.Sprintf("a path of %d bytes that is not plain (not shown)", len(p))
+}
+
+// describeName names a context, cluster or user without quoting one that
+// is not a plain name.
+func describeName(n string) string {
+	if n != "" && len(n) <= 253 && strings.IndexFunc(n, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.@:", r))
+	}) < 0 {
+		return fmt.Sprintf("%q", n)
+	}
+	return fmt.Sprintf("of %d bytes that is not a plain name (not shown)", len(n))
 }
 
 // ClusterCAData is the certificate-authority-data of every cluster a
-// kubeconfig names (kube-public/cluster-info's, for discovery), parsed as
-// clientcmd.Load parses it.
+// kubeconfig names (kube-public/cluster-info's, for discovery), by
+// cluster name; a file it names is never read.
 func ClusterCAData(b []byte) ([][]byte, error) {
-	cfg, err := parseKubeconfig(b)
+	if len(b) > maxKubeconfigFile {
+		return nil, fmt.Errorf("a kubeconfig of more than %d bytes", maxKubeconfigFile)
+	}
+	cfg, err := clientcmd.Load(b)
 	if err != nil {
 		return nil, err
 	}
 	var out [][]byte
-	for _, c := range cfg.Clusters {
-		out = append(out, c.Cluster.CertificateAuthorityData)
+	for _, name := range sortedKeys(cfg.Clusters) {
+		out = append(out, cfg.Clusters[name].CertificateAuthorityData)
 	}
 	return out, nil
 }
