@@ -116,11 +116,11 @@ func (endless) Read(p []byte) (int, error) {
 // and bounded memory, for every kind of call (a get, a list, /version,
 // /readyz, a refusal's body).
 func TestHostileAnswersAreBounded(t *testing.T) {
-	// 64 MiB of spaces, gzipped (about 64 KiB): past MaxAnswer once inflated.
+	// 384 MiB of spaces, gzipped (under 1 MiB): far past MaxAnswer once inflated.
 	var bomb bytes.Buffer
 	zw, _ := gzip.NewWriterLevel(&bomb, gzip.BestCompression)
 	chunk := bytes.Repeat([]byte{' '}, 1<<20)
-	for i := 0; i < 64; i++ {
+	for i := 0; i < 384; i++ {
 		zw.Write(chunk)
 	}
 	zw.Close()
