@@ -62,7 +62,6 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime 30s ./internal/status/
 	$(GO) test -run '^$$' -fuzz '^FuzzPrintable$$' -fuzztime 30s ./internal/status/
 	$(GO) test -run '^$$' -fuzz '^FuzzKubeconfig$$' -fuzztime 30s ./internal/kube/
-	$(GO) test -run '^$$' -fuzz '^FuzzAnswer$$' -fuzztime 30s ./internal/etcdclient/
 	$(GO) test -run '^$$' -fuzz '^FuzzPrefilter$$' -fuzztime 30s ./internal/runner/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadEvent$$' -fuzztime 30s ./internal/plugin/
 	$(GO) test -run '^$$' -fuzz '^FuzzPlanOverHostFiles$$' -fuzztime 30s ./internal/cli/

@@ -1,0 +1,319 @@
+package kube
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kairos-io/provider-kubernetes/internal/testbin"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/etcdtest"
+)
+
+// realAPIServer starts the real kube-apiserver v1.37.2 (built from modules,
+// cached) on loopback over a real (embedded) etcd, with a client CA of the
+// test's own, and returns an admin kubeconfig (system:masters) for it.
+func realAPIServer(t *testing.T) (kubeconfig, addr string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs the real kube-apiserver: not in -short mode")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	bin, err := testbinKubernetes(ctx, "v1.37.2", "kube-apiserver", t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := testutil.NewNode(t, "cp1")
+	e := etcdtest.Start(t, n, etcdtest.Config{})
+	dir := t.TempDir()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-ca"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, _ := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	ca, _ := x509.ParseCertificate(caDER)
+	adminKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	adminDER, _ := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(2),
+		Subject:   pkix.Name{CommonName: "kubernetes-admin", Organization: []string{"system:masters"}},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, ca, &adminKey.PublicKey, caKey)
+	saKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	write := func(name string, blocks ...*pem.Block) string {
+		var b bytes.Buffer
+		for _, blk := range blocks {
+			pem.Encode(&b, blk)
+		}
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b.Bytes(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	keyBlock := func(k *ecdsa.PrivateKey) *pem.Block {
+		der, _ := x509.MarshalECPrivateKey(k)
+		return &pem.Block{Type: "EC PRIVATE KEY", Bytes: der}
+	}
+	saPubDER, _ := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
+	clientCA := write("client-ca.crt", &pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	saKeyFile := write("sa.key", keyBlock(saKey))
+	saPub := write("sa.pub", &pem.Block{Type: "PUBLIC KEY", Bytes: saPubDER})
+	port := etcdtest.FreePort(t)
+	addr = fmt.Sprintf("127.0.0.1:%d", port)
+	args := []string{"--etcd-servers=" + e.ClientURL,
+		"--etcd-cafile=" + n.Path(etcdtest.CACert), "--etcd-certfile=" + n.Path(etcdtest.HCCert), "--etcd-keyfile=" + n.Path(etcdtest.HCKey),
+		"--secure-port=" + fmt.Sprint(port), "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+		"--cert-dir=" + filepath.Join(dir, "certs"), "--client-ca-file=" + clientCA, "--authorization-mode=Node,RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file=" + saPub,
+		"--service-account-signing-key-file=" + saKeyFile, "--service-cluster-ip-range=10.96.0.0/12",
+		"--endpoint-reconciler-type=lease"}
+	cmd := exec.Command(bin, args...)
+	logf, err := os.Create(filepath.Join(dir, "apiserver.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+		logf.Close()
+	})
+	// The serving certificate the apiserver made itself is the CA to trust.
+	servingCA := filepath.Join(dir, "certs", "apiserver.crt")
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if b, err := os.ReadFile(servingCA); err == nil && len(b) > 0 {
+			kubeconfig = "apiVersion: v1\nkind: Config\nclusters:\n- cluster: {server: 'https://" + addr + "', certificate-authority-data: " + base64.StdEncoding.EncodeToString(b) + "}\n  name: c\n" +
+				"contexts:\n- context: {cluster: c, user: admin}\n  name: admin\ncurrent-context: admin\nusers:\n- name: admin\n  user: {client-certificate-data: " +
+				base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: adminDER})) + ", client-key-data: " +
+				base64.StdEncoding.EncodeToString(pem.EncodeToMemory(keyBlock(adminKey))) + "}\n"
+			c := clientFor(t, kubeconfig, 5*time.Second)
+			if c.Readyz(context.Background()) == nil {
+				return kubeconfig, addr
+			}
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(logf.Name())
+			t.Fatalf("kube-apiserver not ready in 90s:\n%s", tail(string(log), 30))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	l := strings.Split(s, "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
+
+// TestAgainstTheRealAPIServer: every call the provider makes, through
+// client-go, against the real kube-apiserver v1.37.2: what it reads back
+// is what was written, a missing object is NotFound, lists page, Events
+// and annotations land on the Node, and At reaches the apiserver by the
+// address its own endpoints give.
+func TestAgainstTheRealAPIServer(t *testing.T) {
+	kubeconfig, addr := realAPIServer(t)
+	c := clientFor(t, kubeconfig, 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	if v, err := c.ServerVersion(ctx); err != nil || v.String() != "v1.37.2" {
+		t.Fatalf("server version %v %v", v, err)
+	}
+	servers, err := c.APIServers(ctx)
+	if err != nil || len(servers) != 1 || servers[0] != addr {
+		t.Fatalf("apiservers %v %v, want [%s]", servers, err, addr)
+	}
+	at, err := c.At(servers[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := at.Readyz(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// kubeadm-config, as kubeadm writes it.
+	if _, err := c.ClusterVersion(ctx); !IsNotFound(err) {
+		t.Fatalf("no kubeadm-config yet: %v", err)
+	}
+	cm := map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": "kubeadm-config"},
+		"data": map[string]string{"ClusterConfiguration": "apiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\nkubernetesVersion: v1.36.3\n"}}
+	if err := c.Create(ctx, "kube-system", "configmaps", cm); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.ClusterVersion(ctx); err != nil || v.String() != "v1.36.3" {
+		t.Fatalf("cluster version %v %v", v, err)
+	}
+	if err := c.Create(ctx, "kube-system", "configmaps", cm); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("a second create: %v", err)
+	}
+
+	// Nodes: more than a page of them, one control plane, Ready or not.
+	const nodes = MaxPage + 20
+	for i := 0; i < nodes; i++ {
+		name := fmt.Sprintf("n%04d", i)
+		labels := map[string]string{}
+		if i == 7 {
+			labels["node-role.kubernetes.io/control-plane"] = ""
+		}
+		node := map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": name, "labels": labels}}
+		if err := c.createCluster(ctx, "nodes", node); err != nil {
+			t.Fatalf("create node %s: %v", name, err)
+		}
+	}
+	// The kubelet reports its version in the status subresource.
+	status := `{"status":{"nodeInfo":{"kubeletVersion":"v1.37.2"},"conditions":[{"type":"Ready","status":"False","reason":"KubeletNotReady","message":"container runtime network not ready: cni config uninitialized"}],"addresses":[{"type":"InternalIP","address":"10.0.0.7"}]}}`
+	if _, err := raw(c.core.Patch("application/merge-patch+json").Resource("nodes").Name("n0007").SubResource("status").Body([]byte(status)).Do(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	all, err := c.Nodes(ctx)
+	if err != nil || len(all) != nodes || all[0].Name != "n0000" || all[nodes-1].Name != fmt.Sprintf("n%04d", nodes-1) {
+		t.Fatalf("%d nodes listed (want %d): %v", len(all), nodes, err)
+	}
+	if !all[7].ControlPlane || all[7].KubeletVersion != "v1.37.2" || all[7].Ready || all[6].ControlPlane {
+		t.Fatalf("node records %+v %+v", all[6], all[7])
+	}
+	cps, err := c.ControlPlaneNodes(ctx)
+	if err != nil || len(cps) != 1 || cps[0] != (NodeAddr{Name: "n0007", IP: "10.0.0.7"}) {
+		t.Fatalf("control planes %+v %v", cps, err)
+	}
+	ni, err := c.Node(ctx, "n0007")
+	if err != nil || ni.KubeletVersion.String() != "v1.37.2" || ni.Ready || !ni.NoCNI() || ni.UID == "" {
+		t.Fatalf("node %+v %v", ni, err)
+	}
+	if _, err := c.Node(ctx, "absent"); !IsNotFound(err) {
+		t.Fatalf("a missing node: %v", err)
+	}
+
+	// Annotations merge; an Event lands on the Node.
+	if err := c.Annotate(ctx, "n0007", map[string]string{"provider-kubernetes.kairos.io/phase": "Converged"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Annotate(ctx, "n0007", map[string]string{"provider-kubernetes.kairos.io/outcome": "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	all, _ = c.Nodes(ctx)
+	if a := all[7].Annotations; a["provider-kubernetes.kairos.io/phase"] != "Converged" || a["provider-kubernetes.kairos.io/outcome"] != "ok" {
+		t.Fatalf("annotations %v", a)
+	}
+	if err := c.NodeEvent(ctx, "n0007", "Warning", "UpgradeRefused", "a message", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	var events struct {
+		Items []struct {
+			Reason         string `json:"reason"`
+			Type           string `json:"type"`
+			InvolvedObject struct {
+				Name, UID string
+			} `json:"involvedObject"`
+		} `json:"items"`
+	}
+	b, err := raw(c.core.Get().Namespace("default").Resource("events").Do(ctx))
+	if err != nil || decode(b, &events) != nil || len(events.Items) != 1 || events.Items[0].Reason != "UpgradeRefused" ||
+		events.Items[0].InvolvedObject.Name != "n0007" || events.Items[0].InvolvedObject.UID != ni.UID {
+		t.Fatalf("events %+v %v", events, err)
+	}
+
+	// A Secret created, read and deleted (join-config's bootstrap token).
+	secret := map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": "bootstrap-token-abcdef"},
+		"type": "bootstrap.kubernetes.io/token", "stringData": map[string]string{"token-id": "abcdef", "token-secret": "0123456789abcdef"}}
+	if err := c.Create(ctx, "kube-system", "secrets", secret); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, "kube-system", "secrets", "bootstrap-token-abcdef"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, "kube-system", "secrets", "bootstrap-token-abcdef"); !IsNotFound(err) {
+		t.Fatalf("a second delete: %v", err)
+	}
+
+	// A mirror pod's image and owner; a DaemonSet and a Deployment as
+	// the add-on gate reads them.
+	pod := map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "kube-apiserver-n0007",
+		"ownerReferences": []map[string]any{{"apiVersion": "v1", "kind": "Node", "name": "n0007", "uid": ni.UID}}},
+		"spec": map[string]any{"nodeName": "n0007", "containers": []map[string]any{{"name": "kube-apiserver", "image": "registry.k8s.io/kube-apiserver:v1.37.2"}}}}
+	if err := c.Create(ctx, "kube-system", "pods", pod); err != nil {
+		t.Fatal(err)
+	}
+	pi, err := c.Pod(ctx, "kube-system", "kube-apiserver-n0007")
+	if err != nil || pi.Image != "registry.k8s.io/kube-apiserver:v1.37.2" || pi.NodeUID != ni.UID || pi.Running || !pi.OfNode(ni.UID) {
+		t.Fatalf("pod %+v %v", pi, err)
+	}
+	tmpl := map[string]any{"metadata": map[string]any{"labels": map[string]string{"k8s-app": "x"}},
+		"spec": map[string]any{"containers": []map[string]any{{"name": "c", "image": "registry.k8s.io/kube-proxy:v1.37.2"}}}}
+	sel := map[string]any{"matchLabels": map[string]string{"k8s-app": "x"}}
+	ds := map[string]any{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": map[string]any{"name": "kube-proxy"}, "spec": map[string]any{"selector": sel, "template": tmpl}}
+	if _, err := raw(c.apps.Post().Namespace("kube-system").Resource("daemonsets").SetHeader("Content-Type", "application/json").Body(mustJSON(t, ds)).Do(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	ro, err := c.DaemonSet(ctx, "kube-system", "kube-proxy")
+	if err != nil || ro.Image != "registry.k8s.io/kube-proxy:v1.37.2" || ro.Done() {
+		t.Fatalf("daemonset %+v %v", ro, err)
+	}
+	if _, err := c.Deployment(ctx, "kube-system", "coredns"); !IsNotFound(err) {
+		t.Fatalf("a missing deployment: %v", err)
+	}
+	data, err := c.ConfigMapData(ctx, "kube-system", "kubeadm-config")
+	if err != nil || !strings.Contains(data["ClusterConfiguration"], "v1.36.3") {
+		t.Fatalf("configmap data %v %v", data, err)
+	}
+	// The apiserver refuses what its API does not allow (a Secret's name
+	// with an upper-case letter passes the client's RFC 1123 check only
+	// if lower-case: refused before it is sent).
+	if err := c.Delete(ctx, "kube-system", "secrets", "Bootstrap"); err == nil || !strings.Contains(err.Error(), "not an RFC 1123 name") {
+		t.Fatalf("an upper-case name: %v", err)
+	}
+}
+
+// testbinKubernetes is the cached real binary, its build (when cold)
+// logged through t.
+func testbinKubernetes(ctx context.Context, kver, name string, t *testing.T) (string, error) {
+	return testbin.Kubernetes(ctx, kver, name, logTo{t})
+}
+
+type logTo struct{ t *testing.T }
+
+func (l logTo) Write(p []byte) (int, error) {
+	l.t.Logf("%s", bytes.TrimRight(p, "\n"))
+	return len(p), nil
+}
+
+// createCluster creates a cluster-scoped core object (a Node).
+func (c *Client) createCluster(ctx context.Context, resource string, obj any) error {
+	b, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	_, err = raw(c.core.Post().Resource(resource).SetHeader("Content-Type", "application/json").Body(b).Do(ctx))
+	return err
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
