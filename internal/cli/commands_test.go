@@ -123,3 +123,58 @@ func TestResetCommand(t *testing.T) {
 		t.Fatal("no reset line in the reconcile log")
 	}
 }
+
+// TestStatusClusterFindsItsKubeconfigAsKubectl: --kubeconfig, else the
+// KUBECONFIG list merged (the first file to name a context wins it, a
+// relative path is its file's directory's), else the node's own;
+// --context picks a context of the merged list.
+func TestStatusClusterFindsItsKubeconfigAsKubectl(t *testing.T) {
+	n := testutil.NewNode(t, "cp1")
+	one, two := testutil.NewAPI(t, "v1.37.2"), testutil.NewAPI(t, "v1.37.2")
+	one.SetNode("from-one", "v1.37.2", true)
+	two.SetNode("from-two", "v1.37.2", true)
+	cert, key := testutil.ClientCert(t, "operator")
+	n.Write("/home/op/.kube/pki/op.pem", string(cert)+string(key), 0o600)
+	n.Write("/home/op/.kube/one", testutil.Kubeconfig(one, "/home/op/.kube/pki/op.pem"), 0o600)
+	// The second file names the same context (the first file keeps it)
+	// and one of its own, with a relative certificate path.
+	second := strings.ReplaceAll(testutil.Kubeconfig(two, "pki/op.pem"), "default-", "second-")
+	second = strings.Replace(second, "contexts:\n", "contexts:\n- context: {cluster: second-cluster, user: second-auth}\n  name: default-context\n", 1)
+	n.Write("/home/op/.kube/two", second, 0o600)
+	names := func(args ...string) string {
+		t.Helper()
+		code, out, errOut := run(append([]string{"status", "--cluster", "--root", n.Root, "-o", "json"}, args...)...)
+		var v struct{ Nodes []struct{ Name string } }
+		if err := json.Unmarshal([]byte(out), &v); err != nil {
+			return fmt.Sprintf("exit %d: %s", code, errOut)
+		}
+		var got []string
+		for _, r := range v.Nodes {
+			got = append(got, r.Name)
+		}
+		return strings.Join(got, ",")
+	}
+	t.Setenv("KUBECONFIG", "/home/op/.kube/one:/home/op/.kube/missing:/home/op/.kube/two")
+	if got := names(); got != "from-one" {
+		t.Errorf("KUBECONFIG list: %s", got)
+	}
+	if got := names("--context", "second-context"); got != "from-two" {
+		t.Errorf("--context of the second file: %s", got)
+	}
+	if got := names("--kubeconfig", "/home/op/.kube/two"); got != "from-two" {
+		t.Errorf("--kubeconfig over KUBECONFIG: %s", got)
+	}
+	t.Setenv("KUBECONFIG", "/home/op/.kube/two:/home/op/.kube/one")
+	if got := names(); got != "from-two" {
+		t.Errorf("the second file first: %s", got)
+	}
+	// No KUBECONFIG: the node's own admin.conf.
+	t.Setenv("KUBECONFIG", "")
+	n.Admin(one)
+	if got := names(); got != "from-one" {
+		t.Errorf("the node's admin.conf: %s", got)
+	}
+	if got := names("--context", "nope"); !strings.Contains(got, "exit 1") || !strings.Contains(got, "not found") {
+		t.Errorf("an unknown context: %s", got)
+	}
+}
