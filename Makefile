@@ -8,7 +8,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 MINOR ?= 1.37
 
 build:
-	$(GO) build -trimpath -ldflags "-s -w -X github.com/kairos-io/provider-kubernetes/internal/cli.Version=$(VERSION)" -o $(BIN) ./cmd/provider-kubernetes
+	$(GO) build -trimpath -tags grpcnotrace -ldflags "-s -w -X github.com/kairos-io/provider-kubernetes/internal/cli.Version=$(VERSION)" -o $(BIN) ./cmd/provider-kubernetes
 
 # The main job on an embedded default: a real one-node cluster bootstrapped
 # at 1.36.3 and upgraded to 1.37.2 by the provider alone (as root), after the

@@ -451,7 +451,7 @@ func fileOK(p string) bool {
 
 // goBuildLocal builds a package of this module (static, trimmed).
 func goBuildLocal(ctx context.Context, srcDir, pkg, ldflags, out string) (string, error) {
-	cmd := exec.CommandContext(ctx, goBin(), "build", "-trimpath", "-ldflags", ldflags, "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, goBin(), "build", "-trimpath", "-tags", testbin.ProviderTags, "-ldflags", ldflags, "-o", out, pkg)
 	cmd.Dir = srcDir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {

@@ -26,6 +26,13 @@ func (c *countingRunner) Run(ctx context.Context, cmd runner.Cmd) (runner.Result
 // convergedNode is a sandbox node converged at v1.37.2 in role, a member
 // of a cluster played by a loopback HTTPS API.
 func convergedNode(b *testing.B, role string) *testutil.Node {
+	n, _ := convergedNodeAPI(b, role)
+	return n
+}
+
+// convergedNodeAPI is convergedNode and the API stand-in its kubeconfigs
+// name.
+func convergedNodeAPI(b *testing.B, role string) (*testutil.Node, *testutil.API) {
 	n := testutil.NewNode(b, "n1")
 	api := testutil.NewAPI(b, "v1.37.2")
 	n.ClusterFile(role, "v1.37.2", "")
@@ -39,7 +46,7 @@ func convergedNode(b *testing.B, role string) *testutil.Node {
 	}
 	// As every pass that joined or upgraded the node to its pin leaves it.
 	n.Write(paths.VerifiedRecord, "v1.37.2\n", 0o644)
-	return n
+	return n, api
 }
 
 // BenchmarkConvergedPass is a whole boot-time pass on a converged node of a

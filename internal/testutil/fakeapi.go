@@ -159,6 +159,9 @@ func NewAPI(t testing.TB, clusterVersion string) *API {
 }
 
 // URL is the endpoint.
+// Close stops serving: connections to the endpoint are refused from now on.
+func (a *API) Close() { a.srv.Close() }
+
 func (a *API) URL() string { return a.srv.URL }
 
 // CAPEM is the serving certificate in PEM, to trust as the cluster CA.
