@@ -146,9 +146,9 @@ func verifyFacts(ctx context.Context, r paths.Root) (kubeadmbackup.Facts, error)
 	if f.ClusterVersion, err = o.ClusterVersion(ctx, client, wait.Budget{Total: 30 * time.Second, Interval: 2 * time.Second, PerAttempt: b.APIRequest}); err != nil {
 		return f, fmt.Errorf("cluster version: %w", err)
 	}
-	name := client.NodeName
-	if name == "" {
-		name = o.Hostname()
+	name, err := o.NodeName(client.NodeName)
+	if err != nil {
+		return f, err
 	}
 	nctx, cancel := context.WithTimeout(ctx, b.APIRequest)
 	defer cancel()

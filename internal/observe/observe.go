@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kairos-io/provider-kubernetes/internal/bundle"
@@ -231,15 +232,15 @@ func (o *Observer) WorkerVersion(ctx context.Context, client *kube.Client) (vers
 	}
 	var errs []error
 	if client != nil {
-		name := client.NodeName
-		if name == "" {
-			name = o.Hostname()
-		}
-		actx, cancel := context.WithTimeout(ctx, o.apiTimeout())
-		ni, err := client.Node(actx, name)
-		cancel()
+		name, err := o.NodeName(client.NodeName)
 		if err == nil {
-			return ni.KubeletVersion, "Node " + name, nil
+			actx, cancel := context.WithTimeout(ctx, o.apiTimeout())
+			var ni kube.NodeInfo
+			ni, err = client.Node(actx, name)
+			cancel()
+			if err == nil {
+				return ni.KubeletVersion, "Node " + name, nil
+			}
 		}
 		errs = append(errs, err)
 	} else {
@@ -277,6 +278,29 @@ func (o *Observer) VerifiedVersion() (version.Version, error) {
 		return version.Version{}, fmt.Errorf("%s: %w", paths.VerifiedRecord, err)
 	}
 	return v, nil
+}
+
+// NodeName is this node's Node name: the one its kubelet client
+// certificate names (certName), else the hostname lower-cased, as the
+// kubelet registers it. A name that is not an RFC 1123 subdomain is
+// refused, described and never quoted: it is about to become part of a
+// URL path (a hostname like ../namespaces/kube-system/configmaps/x would
+// name another object) and of log lines.
+func (o *Observer) NodeName(certName string) (string, error) {
+	if certName != "" {
+		if len(validation.IsDNS1123Subdomain(certName)) == 0 {
+			return certName, nil
+		}
+		return "", fmt.Errorf("the node client certificate names a node of %d bytes that is not an RFC 1123 name (not shown)", len(certName))
+	}
+	h := strings.ToLower(o.Hostname())
+	if h == "" {
+		return "", errors.New("the node's name is unknown (no node client certificate, no hostname)")
+	}
+	if len(validation.IsDNS1123Subdomain(h)) != 0 {
+		return "", fmt.Errorf("the hostname (%d bytes) is not an RFC 1123 name (not shown): no Node can have it as its name", len(h))
+	}
+	return h, nil
 }
 
 // Hostname is the node's hostname from /proc under the root.

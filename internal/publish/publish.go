@@ -139,12 +139,10 @@ func Run(ctx context.Context, o Options) error {
 		o.Log.Error(Event, "outcome", "failed", "error", err.Error())
 		return err
 	}
-	node := client.NodeName
-	if node == "" {
-		node = (&observe.Observer{Root: o.Root}).Hostname()
-	}
-	if node == "" {
-		return errors.New("the node's name is unknown (no node client certificate, no hostname)")
+	node, err := (&observe.Observer{Root: o.Root}).NodeName(client.NodeName)
+	if err != nil {
+		o.Log.Error(Event, "outcome", "failed", "error", err.Error())
+		return err
 	}
 	// Events are recorded once per pass: the marker names the last pass
 	// whose events are on the Node.

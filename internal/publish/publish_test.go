@@ -3,6 +3,7 @@ package publish
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -216,5 +217,48 @@ func TestNothingToPublish(t *testing.T) {
 	}
 	if e.node.Exists(paths.PublishedMarker) {
 		t.Fatal("marker written")
+	}
+}
+
+// Issue 23: the node name comes from the hostname when no node client
+// certificate names it; a hostname that is not an RFC 1123 name (one
+// that would step to another object in the URL path, with admin.conf's
+// rights) is refused before any request, and not quoted.
+func TestAHostnameThatIsNoNodeNameIsRefused(t *testing.T) {
+	for _, host := range []string{"../namespaces/kube-system/configmaps/kubeadm-config", "a/b", "-x", "x\x1b[2J"} {
+		n := testutil.NewNode(t, "n1")
+		api := testutil.NewAPI(t, "v1.37.2")
+		n.Admin(api)
+		api.SetNode("n1", "v1.37.2", true)
+		n.Write(paths.Hostname, host+"\n", 0o644)
+		if err := status.Write(n.R(), doc(status.PhaseConverged)); err != nil {
+			t.Fatal(err)
+		}
+		log := &testutil.SyncBuffer{}
+		before := api.Requests()
+		err := Run(context.Background(), Options{Root: n.R(), Budget: time.Minute, APIRequest: time.Second, Clock: testutil.NewClock(),
+			Log: slog.New(slog.NewTextHandler(log, nil))})
+		if err == nil || !strings.Contains(err.Error(), "not an RFC 1123 name") || strings.Contains(err.Error(), host) || strings.Contains(log.String(), "kubeadm-config") {
+			t.Errorf("%q: %v\n%s", host, err, log.String())
+		}
+		if got := api.Requests() - before; got != 0 {
+			t.Errorf("%q: %d requests sent: %v", host, got, api.Paths())
+		}
+	}
+	// The kubelet registers a mixed-case hostname lower-cased; so does publish.
+	n := testutil.NewNode(t, "n1")
+	api := testutil.NewAPI(t, "v1.37.2")
+	n.Admin(api)
+	api.SetNode("n1", "v1.37.2", true)
+	n.Write(paths.Hostname, "N1\n", 0o644)
+	if err := status.Write(n.R(), doc(status.PhaseConverged)); err != nil {
+		t.Fatal(err)
+	}
+	if err := Run(context.Background(), Options{Root: n.R(), Budget: time.Minute, APIRequest: time.Second, Clock: testutil.NewClock(),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}); err != nil {
+		t.Fatal(err)
+	}
+	if a := api.NodeAnnotations("n1"); a[Prefix+"phase"] != "Converged" {
+		t.Fatalf("annotations %v", a)
 	}
 }

@@ -125,14 +125,14 @@ func (p *pass) verify(ctx context.Context, obs Observation, pl plan.Plan) error 
 		}
 		client = c
 	}
-	name := client.NodeName
-	if name == "" {
-		name = p.obs.Hostname()
+	name, err := p.obs.NodeName(client.NodeName)
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
 	}
 	target := pl.Pin
 	noCNI := false
 	start := p.Clock.Now()
-	err := wait.Poll(ctx, p.Clock, p.budget(p.Budgets.Verify), "verify "+target.String(), func(ctx context.Context) (bool, error) {
+	err = wait.Poll(ctx, p.Clock, p.budget(p.Budgets.Verify), "verify "+target.String(), func(ctx context.Context) (bool, error) {
 		// The Node first: a control plane's mirror pods count only when
 		// owned by it (its uid).
 		ni, err := client.Node(ctx, name)
