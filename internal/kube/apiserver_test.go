@@ -113,19 +113,12 @@ func realAPIServer(t *testing.T) (kubeconfig, addr string) {
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(logf.Name())
-			t.Fatalf("kube-apiserver not ready in 90s:\n%s", tail(string(log), 30))
+			t.Fatalf("kube-apiserver not ready in 90s:\n%s", testutil.Tail(string(log), 30))
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 }
 
-func tail(s string, n int) string {
-	l := strings.Split(s, "\n")
-	if len(l) > n {
-		l = l[len(l)-n:]
-	}
-	return strings.Join(l, "\n")
-}
 
 // TestAgainstTheRealAPIServer: every call the provider makes, through
 // client-go, against the real kube-apiserver v1.37.2: what it reads back

@@ -188,36 +188,35 @@ func inline(root paths.Root, cfg *clientcmdapi.Config) error {
 		}
 		return b, nil
 	}
-	var err error
+	// into moves the content of the file *path names into *data.
+	into := func(path *string, data *[]byte) error {
+		if *path == "" {
+			return nil
+		}
+		b, err := read(*path)
+		if err != nil {
+			return err
+		}
+		*data, *path = b, ""
+		return nil
+	}
 	for _, name := range sortedKeys(cfg.Clusters) {
 		c := cfg.Clusters[name]
-		if c.CertificateAuthority != "" {
-			if c.CertificateAuthorityData, err = read(c.CertificateAuthority); err != nil {
-				return err
-			}
-			c.CertificateAuthority = ""
+		if err := into(&c.CertificateAuthority, &c.CertificateAuthorityData); err != nil {
+			return err
 		}
 	}
 	for _, name := range sortedKeys(cfg.AuthInfos) {
 		a := cfg.AuthInfos[name]
-		if a.ClientCertificate != "" {
-			if a.ClientCertificateData, err = read(a.ClientCertificate); err != nil {
-				return err
-			}
-			a.ClientCertificate = ""
+		if err := errors.Join(into(&a.ClientCertificate, &a.ClientCertificateData), into(&a.ClientKey, &a.ClientKeyData)); err != nil {
+			return err
 		}
-		if a.ClientKey != "" {
-			if a.ClientKeyData, err = read(a.ClientKey); err != nil {
-				return err
-			}
-			a.ClientKey = ""
+		var token []byte
+		if err := into(&a.TokenFile, &token); err != nil {
+			return err
 		}
-		if a.TokenFile != "" {
-			b, err := read(a.TokenFile)
-			if err != nil {
-				return err
-			}
-			a.Token, a.TokenFile = strings.TrimSpace(string(b)), ""
+		if token != nil {
+			a.Token = strings.TrimSpace(string(token))
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package testutil
 import (
 	"context"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 )
@@ -17,4 +18,13 @@ func Command(t testing.TB, limit time.Duration, name string, args ...string) *ex
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.WaitDelay = 5 * time.Second
 	return cmd
+}
+
+// Tail is the last n lines of s (a log shown when a test fails).
+func Tail(s string, n int) string {
+	l := strings.Split(s, "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
 }

@@ -314,19 +314,12 @@ func StartBinaryOn(t testing.TB, node *testutil.Node, bin, image string, clientP
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(logf.Name())
-			t.Fatalf("etcd binary not ready in 60s: %v\n%s", err, tailOf(string(log), 20))
+			t.Fatalf("etcd binary not ready in 60s: %v\n%s", err, testutil.Tail(string(log), 20))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 }
 
-func tailOf(s string, n int) string {
-	l := strings.Split(s, "\n")
-	if len(l) > n {
-		l = l[len(l)-n:]
-	}
-	return strings.Join(l, "\n")
-}
 
 // Pause freezes a binary member (SIGSTOP): it accepts connections and never answers.
 func (e *Etcd) Pause() { e.signal(syscall.SIGSTOP) }
