@@ -25,6 +25,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/kube"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 )
@@ -78,6 +79,16 @@ func Mint(ctx context.Context, o Options) (_ Material, err error) {
 	if o.KubeadmTimeout <= 0 {
 		o.KubeadmTimeout = 2 * time.Minute
 	}
+
+	// The pass's rules: its lock (no join-config while a pass, a reset or
+	// a restore works on the node) and its directories (the lock refuses a
+	// /run/provider-kubernetes another user owns, who could swap the
+	// upload-certs config under kubeadm). Taken before anything is minted.
+	unlock, err := reconcile.Lock(o.Root)
+	if err != nil {
+		return Material{}, fmt.Errorf("take the reconcile lock (nothing minted): %w", err)
+	}
+	defer unlock()
 
 	local, err := localCluster(o.Root)
 	if err != nil {
