@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -153,10 +154,29 @@ func TestReconcileLogHardLinkAndLooseMode(t *testing.T) {
 		if err := os.Chmod(n.Path(paths.ReconcileLog), 0o666); err != nil {
 			t.Fatal(err)
 		}
+		var before syscall.Stat_t
+		if err := syscall.Stat(n.Path(paths.ReconcileLog), &before); err != nil {
+			t.Fatal(err)
+		}
+		// Opened while it was 0666: a chmod would not take this back.
+		held, err := os.OpenFile(n.Path(paths.ReconcileLog), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Close()
 		run("reconcile", "--root", n.Root)
-		st, err := os.Stat(n.Path(paths.ReconcileLog))
-		if err != nil || st.Mode().Perm() != 0o640 {
-			t.Fatalf("log mode %v %v", st.Mode(), err)
+		if _, err := held.WriteString("msg=etcd-snapshot outcome=taken forged-after-the-pass\n"); err != nil {
+			t.Fatal(err)
+		}
+		var after syscall.Stat_t
+		if err := syscall.Stat(n.Path(paths.ReconcileLog), &after); err != nil {
+			t.Fatal(err)
+		}
+		if after.Mode&0o7777 != 0o640 || after.Ino == before.Ino {
+			t.Fatalf("log mode %o, inode %d -> %d: not replaced", after.Mode&0o7777, before.Ino, after.Ino)
+		}
+		if b := n.Read(paths.ReconcileLog); strings.Contains(b, "outcome=taken") || !strings.Contains(b, "msg=reconcile-start") {
+			t.Fatalf("log:\n%s", b)
 		}
 	})
 }
