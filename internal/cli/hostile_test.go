@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	pluggable "github.com/mudler/go-pluggable"
 
+	"github.com/kairos-io/provider-kubernetes/internal/etcdsnap"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/plugin"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
@@ -254,5 +257,50 @@ func TestStatusTextEscapesEveryField(t *testing.T) {
 	stored, err := status.Read(n.R(), paths.StatusFile)
 	if err != nil || code != 0 || json.Unmarshal([]byte(out), &back) != nil || back.Pin != stored.Pin || !strings.Contains(back.Pin, "\x1b[2K") {
 		t.Fatalf("json: %q (%v)", out, err)
+	}
+}
+
+// TestLoggedValuesCannotForgeAField: an etcd error saying
+// "x etcd-snapshot outcome=taken" sits in a failed line's error value; the
+// grep docs/backups.md gives finds that line once, as failed, and the
+// value still reads back whole.
+func TestLoggedValuesCannotForgeAField(t *testing.T) {
+	page, err := os.ReadFile("../../docs/backups.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`grep '(etcd-snapshot outcome=)' ` + regexp.QuoteMeta(paths.ReconcileLog)).FindSubmatch(page)
+	if m == nil {
+		t.Fatal("docs/backups.md gives no grep for the etcd-snapshot outcome")
+	}
+	documented := regexp.MustCompile(string(m[1])) // a basic regular expression without metacharacters
+	n := testutil.NewNode(t, "cp1")
+	log, f, err := reconcileLogger(n.R(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const forged = "x etcd-snapshot outcome=taken"
+	log.Error(etcdsnap.Event, "outcome", string(etcdsnap.Failed), "reason", "snapshot save failed", "error", forged)
+	log.Info("note", "detail", `a "quoted" msg=reconcile-done \ level=ERROR`)
+	f.Close()
+	var hits []string
+	for _, l := range strings.Split(strings.TrimSpace(n.Read(paths.ReconcileLog)), "\n") {
+		for _, g := range documented.FindAllStringIndex(l, -1) {
+			hits = append(hits, l[g[1]:])
+		}
+		// The other documented greps (msg=..., level=...) neither.
+		if strings.Contains(l, "msg=note") && (strings.Contains(l, "msg=reconcile-done") || strings.Contains(l, "level=ERROR")) {
+			t.Errorf("a value forged a field: %s", l)
+		}
+	}
+	if len(hits) != 1 || !strings.HasPrefix(hits[0], "failed ") {
+		t.Fatalf("the documented grep matched %d times: %q", len(hits), hits)
+	}
+	q := regexp.MustCompile(` error=("(?:[^"\\]|\\.)*")`).FindStringSubmatch(hits[0])
+	if q == nil {
+		t.Fatalf("no quoted error in %s", hits[0])
+	}
+	if v, err := strconv.Unquote(q[1]); err != nil || v != forged {
+		t.Fatalf("error value reads back as %q (%v)", v, err)
 	}
 }
