@@ -326,8 +326,14 @@ func render(local *clusterconfig.Cluster, endpoint, kubernetesVersion string, jo
 	fmt.Fprintf(&buf, "# provider-kubernetes join-config: join material for a %s, minted %s.\n", m.Role, now.UTC().Format(time.RFC3339))
 	fmt.Fprintf(&buf, "# The bootstrap token %s expires at %s.\n", m.TokenID, m.Expires.Format(time.RFC3339))
 	if m.Role == clusterconfig.RoleControlPlane {
+		// The node needs both the token and the certificates: the earlier
+		// of the two ends is the deadline (a --ttl below CertsLifetime).
+		before := now.Add(CertsLifetime).UTC()
+		if m.Expires.Before(before) {
+			before = m.Expires
+		}
 		fmt.Fprintf(&buf, "# The uploaded control-plane certificates are deleted by kubeadm after %s: join before %s.\n",
-			CertsLifetime, now.Add(CertsLifetime).UTC().Format(time.RFC3339))
+			CertsLifetime, before.Format(time.RFC3339))
 	}
 	buf.WriteString("# This is a secret (it admits a node to the cluster): paste it into the next node's cloud-config and discard it.\n")
 	buf.Write(body)

@@ -407,3 +407,22 @@ func TestMintRefusesWhileTheLockIsHeld(t *testing.T) {
 		t.Fatalf("minted %v", got)
 	}
 }
+
+// A --ttl shorter than the certificates' lifetime is the real deadline of
+// a control plane's join: the printed comment says so.
+func TestMintControlPlaneCommentStatesAShorterTTL(t *testing.T) {
+	e := newEnv(t)
+	o := e.opts("controlplane")
+	o.TTL = 30 * time.Minute
+	m, err := Mint(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := e.now.Add(30 * time.Minute).Format(time.RFC3339)
+	if !m.Expires.Equal(e.now.Add(30*time.Minute)) || !strings.Contains(string(m.Section), "join before "+deadline+".") {
+		t.Fatalf("want the join deadline %s:\n%s", deadline, m.Section)
+	}
+	if later := e.now.Add(CertsLifetime).Format(time.RFC3339); strings.Contains(string(m.Section), later) {
+		t.Fatalf("states %s, after the token expires:\n%s", later, m.Section)
+	}
+}
