@@ -289,7 +289,47 @@ func reconcileLogger(r paths.Root, also io.Writer) (*slog.Logger, io.Closer, err
 	if also != nil {
 		w = io.MultiWriter(f, also)
 	}
-	return slog.New(slog.NewTextHandler(w, nil)), f, nil
+	return slog.New(slog.NewTextHandler(fieldsOnly{w}, nil)), f, nil
+}
+
+// fieldsOnly keeps a value from forging a field: slog's text handler
+// quotes a value holding a space, '=' or '"', but the text inside the
+// quotes (an etcd error saying "etcd-snapshot outcome=taken") would still
+// match a grep for "etcd-snapshot outcome=". Every '=' inside a quoted
+// value is written \x3d (strconv.Unquote reads it back as '='), so an
+// unescaped '=' in a line is always a field's own. The handler writes each
+// line in one Write.
+type fieldsOnly struct{ w io.Writer }
+
+func (q fieldsOnly) Write(p []byte) (int, error) {
+	var out []byte // allocated only when a quoted value holds an '='
+	quoted, escaped := false, false
+	for i, c := range p {
+		switch {
+		case escaped:
+			escaped = false
+		case quoted && c == '\\':
+			escaped = true
+		case c == '"':
+			quoted = !quoted
+		case quoted && c == '=':
+			if out == nil {
+				out = append(make([]byte, 0, len(p)+16), p[:i]...)
+			}
+			out = append(out, `\x3d`...)
+			continue
+		}
+		if out != nil {
+			out = append(out, c)
+		}
+	}
+	if out == nil {
+		out = p
+	}
+	if _, err := q.w.Write(out); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // OpenLog opens the reconcile log for appending, 0640: never through a

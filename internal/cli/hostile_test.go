@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	pluggable "github.com/mudler/go-pluggable"
 
+	"github.com/kairos-io/provider-kubernetes/internal/etcdsnap"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/plugin"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
@@ -153,10 +157,29 @@ func TestReconcileLogHardLinkAndLooseMode(t *testing.T) {
 		if err := os.Chmod(n.Path(paths.ReconcileLog), 0o666); err != nil {
 			t.Fatal(err)
 		}
+		var before syscall.Stat_t
+		if err := syscall.Stat(n.Path(paths.ReconcileLog), &before); err != nil {
+			t.Fatal(err)
+		}
+		// Opened while it was 0666: a chmod would not take this back.
+		held, err := os.OpenFile(n.Path(paths.ReconcileLog), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Close()
 		run("reconcile", "--root", n.Root)
-		st, err := os.Stat(n.Path(paths.ReconcileLog))
-		if err != nil || st.Mode().Perm() != 0o640 {
-			t.Fatalf("log mode %v %v", st.Mode(), err)
+		if _, err := held.WriteString("msg=etcd-snapshot outcome=taken forged-after-the-pass\n"); err != nil {
+			t.Fatal(err)
+		}
+		var after syscall.Stat_t
+		if err := syscall.Stat(n.Path(paths.ReconcileLog), &after); err != nil {
+			t.Fatal(err)
+		}
+		if after.Mode&0o7777 != 0o640 || after.Ino == before.Ino {
+			t.Fatalf("log mode %o, inode %d -> %d: not replaced", after.Mode&0o7777, before.Ino, after.Ino)
+		}
+		if b := n.Read(paths.ReconcileLog); strings.Contains(b, "outcome=taken") || !strings.Contains(b, "msg=reconcile-start") {
+			t.Fatalf("log:\n%s", b)
 		}
 	})
 }
@@ -234,5 +257,50 @@ func TestStatusTextEscapesEveryField(t *testing.T) {
 	stored, err := status.Read(n.R(), paths.StatusFile)
 	if err != nil || code != 0 || json.Unmarshal([]byte(out), &back) != nil || back.Pin != stored.Pin || !strings.Contains(back.Pin, "\x1b[2K") {
 		t.Fatalf("json: %q (%v)", out, err)
+	}
+}
+
+// TestLoggedValuesCannotForgeAField: an etcd error saying
+// "x etcd-snapshot outcome=taken" sits in a failed line's error value; the
+// grep docs/backups.md gives finds that line once, as failed, and the
+// value still reads back whole.
+func TestLoggedValuesCannotForgeAField(t *testing.T) {
+	page, err := os.ReadFile("../../docs/backups.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`grep '(etcd-snapshot outcome=)' ` + regexp.QuoteMeta(paths.ReconcileLog)).FindSubmatch(page)
+	if m == nil {
+		t.Fatal("docs/backups.md gives no grep for the etcd-snapshot outcome")
+	}
+	documented := regexp.MustCompile(string(m[1])) // a basic regular expression without metacharacters
+	n := testutil.NewNode(t, "cp1")
+	log, f, err := reconcileLogger(n.R(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const forged = "x etcd-snapshot outcome=taken"
+	log.Error(etcdsnap.Event, "outcome", string(etcdsnap.Failed), "reason", "snapshot save failed", "error", forged)
+	log.Info("note", "detail", `a "quoted" msg=reconcile-done \ level=ERROR`)
+	f.Close()
+	var hits []string
+	for _, l := range strings.Split(strings.TrimSpace(n.Read(paths.ReconcileLog)), "\n") {
+		for _, g := range documented.FindAllStringIndex(l, -1) {
+			hits = append(hits, l[g[1]:])
+		}
+		// The other documented greps (msg=..., level=...) neither.
+		if strings.Contains(l, "msg=note") && (strings.Contains(l, "msg=reconcile-done") || strings.Contains(l, "level=ERROR")) {
+			t.Errorf("a value forged a field: %s", l)
+		}
+	}
+	if len(hits) != 1 || !strings.HasPrefix(hits[0], "failed ") {
+		t.Fatalf("the documented grep matched %d times: %q", len(hits), hits)
+	}
+	q := regexp.MustCompile(` error=("(?:[^"\\]|\\.)*")`).FindStringSubmatch(hits[0])
+	if q == nil {
+		t.Fatalf("no quoted error in %s", hits[0])
+	}
+	if v, err := strconv.Unquote(q[1]); err != nil || v != forged {
+		t.Fatalf("error value reads back as %q (%v)", v, err)
 	}
 }

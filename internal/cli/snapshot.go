@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -50,6 +51,16 @@ func cmdEtcdSnapshot(ctx context.Context, args []string, stdout, stderr io.Write
 		return reconcile.ExitFailed
 	}
 	defer logFile.Close()
+	// The pass's rules: its lock (the pass takes the snapshot itself while
+	// it holds it) and its directories (the lock refuses a
+	// /run/provider-kubernetes another user owns). Refused, the attempt
+	// still writes its one line.
+	unlock, err := reconcile.Lock(r)
+	if err != nil {
+		log.Error(etcdsnap.Event, "outcome", string(etcdsnap.Failed), "reason", runner.Sanitize("take the reconcile lock: "+err.Error(), 300))
+		return reconcile.ExitFailed
+	}
+	defer unlock()
 	res := etcdsnap.Take(ctx, etcdsnap.Options{Root: r, Runner: runner.Exec{Root: *root}, Log: log, FS: gateFS}, tv)
 	if res.Outcome == etcdsnap.Failed {
 		return reconcile.ExitFailed
@@ -78,6 +89,20 @@ func cmdPruneKubeadmBackups(ctx context.Context, args []string, stdout, stderr i
 		return reconcile.ExitFailed
 	}
 	defer logFile.Close()
+	// The pass's lock: nothing is pruned while a pass (whose upgrade makes
+	// these copies) or a reset or restore works on the node.
+	unlock, err := reconcile.Lock(r)
+	if err != nil {
+		msg := runner.Sanitize(err.Error(), 400)
+		fmt.Fprintf(stderr, "prune-kubeadm-backups: refusing to remove anything: %s\n", status.Printable(msg))
+		if errors.Is(err, reconcile.ErrLocked) {
+			log.Warn(EventPrune, "outcome", "refused", "reason", msg)
+			return reconcile.ExitRefused
+		}
+		log.Error(EventPrune, "outcome", "failed", "error", msg)
+		return reconcile.ExitFailed
+	}
+	defer unlock()
 
 	s, err := kubeadmbackup.List(r)
 	if err != nil {

@@ -192,3 +192,46 @@ func TestReconcileSnapshotStepReports(t *testing.T) {
 		t.Fatalf("%+v\n%s", rep, buf.String())
 	}
 }
+
+// Every command that writes under the provider's directories follows the
+// pass's rules: while the lock is held, or with a /run/provider-kubernetes
+// another user owns, etcd-snapshot and prune-kubeadm-backups write nothing.
+func TestNodeCommandsTakeThePassLock(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, held := range []string{"lock held", "run dir owned by uid 1000"} {
+		t.Run(held, func(t *testing.T) {
+			n := pruneNode(t, "v1.37.2", "v1.37.2", "v1.37.2")
+			n.Write(paths.EtcdManifest, "spec:\n  containers:\n  - name: etcd\n    command: [etcd, --listen-client-urls=http://127.0.0.1:2379]\n", 0o600)
+			if held == "lock held" {
+				unlock, err := reconcile.Lock(n.R())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer unlock()
+			} else {
+				if err := os.MkdirAll(n.Path(paths.RunDir), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chown(n.Path(paths.RunDir), 1000, 1000); err != nil {
+					t.Fatal(err)
+				}
+			}
+			code, _, errOut := run("etcd-snapshot", "--root", n.Root, "--target", "v1.37.2")
+			l := snapshotLines(errOut)
+			if code != reconcile.ExitFailed || len(l) != 1 || !strings.Contains(l[0], "outcome=failed") || !strings.Contains(l[0], "reconcile lock") {
+				t.Fatalf("etcd-snapshot: exit %d\n%s", code, errOut)
+			}
+			want := reconcile.ExitRefused
+			if held != "lock held" {
+				want = reconcile.ExitFailed
+			}
+			code, _, errOut = run("prune-kubeadm-backups", "--root", n.Root, "--keep", "0")
+			if code != want || !strings.Contains(errOut, "refusing to remove anything") {
+				t.Fatalf("prune-kubeadm-backups: exit %d\n%s", code, errOut)
+			}
+			if ents, _ := os.ReadDir(n.Path(paths.KubeadmTmpDir)); len(ents) != 3 {
+				t.Fatalf("%d backups left, want all 3", len(ents))
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package fsutil
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -115,39 +116,68 @@ func OpenRegular(path string) (*os.File, error) {
 // OpenOwned opens (creating it with mode when missing) a file the provider
 // writes in place: a log it appends to (flags O_WRONLY|O_APPEND) or a lock
 // file (O_RDWR). What is found there must be a regular file with a single
-// link (a hard link would make the provider write into the linked file),
-// owned by the provider's user (root); its mode is set to exactly mode
-// even when it existed looser, so nobody else keeps write access.
+// link (a hard link would make the provider write into the linked file).
+// One owned by another user, or whose mode grants anything beyond mode, is
+// not reused: whoever could write it may still hold it open and keep
+// writing after a chmod, so a new file (a new inode, exactly mode) is
+// created beside it and renamed over it; what the old one held is not
+// carried over. A file found with a narrower mode gets exactly mode.
 func OpenOwned(path string, flags int, mode os.FileMode) (*os.File, error) {
 	f, st, err := open(path, flags|unix.O_CREAT, mode)
 	if err != nil {
 		return nil, err
 	}
-	if err := owned(f, st, mode); err != nil {
+	if st.Nlink != 1 {
 		f.Close()
-		return nil, err
+		return nil, fmt.Errorf("%s: %w (%d): refusing to write to it", path, ErrHardLink, st.Nlink)
+	}
+	if int(st.Uid) != os.Geteuid() || os.FileMode(st.Mode&0o7777)&^mode.Perm() != 0 {
+		f.Close()
+		return replaceOwned(path, flags, mode)
+	}
+	if os.FileMode(st.Mode&0o7777) != mode.Perm() {
+		if err := unix.Fchmod(int(f.Fd()), uint32(mode.Perm())); err != nil {
+			f.Close()
+			return nil, &os.PathError{Op: "chmod", Path: path, Err: err}
+		}
 	}
 	return f, nil
+}
+
+// ReplacedSuffix starts the name of the file OpenOwned creates beside one
+// it does not reuse, before renaming it over that one.
+const ReplacedSuffix = ".new-"
+
+// replaceOwned creates a new, empty file beside path (exclusively, never
+// through a symlink), with exactly mode, and renames it over path.
+func replaceOwned(path string, flags int, mode os.FileMode) (*os.File, error) {
+	var rnd [8]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return nil, err
+	}
+	tmp := fmt.Sprintf("%s%s%x", path, ReplacedSuffix, rnd)
+	fd, err := unix.Open(tmp, flags|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_NOCTTY|unix.O_CLOEXEC, uint32(mode.Perm()))
+	if err != nil {
+		return nil, &os.PathError{Op: "create", Path: tmp, Err: err}
+	}
+	// The umask may have narrowed the mode: set it exactly.
+	if err := unix.Fchmod(fd, uint32(mode.Perm())); err != nil {
+		unix.Close(fd)
+		_ = unix.Unlink(tmp)
+		return nil, &os.PathError{Op: "chmod", Path: tmp, Err: err}
+	}
+	if err := unix.Rename(tmp, path); err != nil {
+		unix.Close(fd)
+		_ = unix.Unlink(tmp)
+		return nil, fmt.Errorf("replace %s (owned by another user or with a loose mode): %w", path, err)
+	}
+	syncDir(filepath.Dir(path))
+	return os.NewFile(uintptr(fd), path), nil
 }
 
 // OpenAppend is OpenOwned for appending: a log.
 func OpenAppend(path string, mode os.FileMode) (*os.File, error) {
 	return OpenOwned(path, unix.O_WRONLY|unix.O_APPEND, mode)
-}
-
-func owned(f *os.File, st *unix.Stat_t, mode os.FileMode) error {
-	if st.Nlink != 1 {
-		return fmt.Errorf("%s: %w (%d): refusing to write to it", f.Name(), ErrHardLink, st.Nlink)
-	}
-	if int(st.Uid) != os.Geteuid() {
-		return fmt.Errorf("%s: %w (uid %d): refusing to write to it", f.Name(), ErrForeignOwner, st.Uid)
-	}
-	if os.FileMode(st.Mode&0o7777) != mode.Perm() {
-		if err := unix.Fchmod(int(f.Fd()), uint32(mode.Perm())); err != nil {
-			return &os.PathError{Op: "chmod", Path: f.Name(), Err: err}
-		}
-	}
-	return nil
 }
 
 // EnsureDir makes dir a directory the provider can trust, with exactly

@@ -60,7 +60,7 @@ func TestSpecialFilesAreRefusedWithoutBlocking(t *testing.T) {
 	}
 }
 
-func TestOpenAppendRefusesAHardLinkAndAForeignOwner(t *testing.T) {
+func TestOpenAppendRefusesAHardLinkReplacesAForeignOwner(t *testing.T) {
 	testutil.RequireRoot(t)
 	dir := t.TempDir()
 	victim := filepath.Join(dir, "passwd")
@@ -88,12 +88,29 @@ func TestOpenAppendRefusesAHardLinkAndAForeignOwner(t *testing.T) {
 	if err := os.Chown(foreign, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fsutil.OpenAppend(foreign, 0o640); !errors.Is(err, fsutil.ErrForeignOwner) {
+	var before syscall.Stat_t
+	if err := syscall.Stat(foreign, &before); err != nil {
+		t.Fatal(err)
+	}
+	f, err := fsutil.OpenAppend(foreign, 0o640)
+	if err != nil {
 		t.Fatalf("foreign owner: %v", err)
+	}
+	f.Close()
+	var after syscall.Stat_t
+	if err := syscall.Stat(foreign, &after); err != nil {
+		t.Fatal(err)
+	}
+	if after.Ino == before.Ino || int(after.Uid) != os.Geteuid() || after.Mode&0o7777 != 0o640 {
+		t.Fatalf("another user's file reused: inode %d -> %d, uid %d, mode %o", before.Ino, after.Ino, after.Uid, after.Mode&0o7777)
 	}
 }
 
-func TestOpenAppendTightensALooseMode(t *testing.T) {
+// TestOpenAppendReplacesALooseFile: a descriptor opened while the log was
+// 0666 keeps its write access through any chmod; the log is replaced (a
+// new inode, 0640), so what is written through the old descriptor never
+// reaches the file the provider appends to.
+func TestOpenAppendReplacesALooseFile(t *testing.T) {
 	dir := t.TempDir()
 	log := filepath.Join(dir, "reconcile.log")
 	if err := os.WriteFile(log, []byte("old\n"), 0o666); err != nil {
@@ -102,17 +119,51 @@ func TestOpenAppendTightensALooseMode(t *testing.T) {
 	if err := os.Chmod(log, 0o666); err != nil {
 		t.Fatal(err)
 	}
+	var before syscall.Stat_t
+	if err := syscall.Stat(log, &before); err != nil {
+		t.Fatal(err)
+	}
+	held, err := os.OpenFile(log, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
 	f, err := fsutil.OpenAppend(log, 0o640)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := held.WriteString("forged\n"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.WriteString("new\n"); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
-	st, _ := os.Stat(log)
-	if b, _ := os.ReadFile(log); st.Mode().Perm() != 0o640 || string(b) != "old\nnew\n" {
-		t.Fatalf("mode %v content %q", st.Mode(), b)
+	var after syscall.Stat_t
+	if err := syscall.Stat(log, &after); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(log); after.Ino == before.Ino || after.Mode&0o7777 != 0o640 || string(b) != "new\n" {
+		t.Fatalf("inode %d -> %d, mode %o, content %q", before.Ino, after.Ino, after.Mode&0o7777, b)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("left beside it: %v", ents)
+	}
+	// A narrower mode is widened in place to exactly the mode: nobody else
+	// could write it.
+	narrow := filepath.Join(dir, "narrow.log")
+	if err := os.WriteFile(narrow, []byte("kept\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if f, err = fsutil.OpenAppend(narrow, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if st, _ := os.Stat(narrow); st.Mode().Perm() != 0o640 {
+		t.Fatalf("mode %v", st.Mode())
+	}
+	if b, _ := os.ReadFile(narrow); string(b) != "kept\n" {
+		t.Fatalf("content %q", b)
 	}
 	// Created fresh: exactly the mode whatever the umask.
 	old := syscall.Umask(0o077)

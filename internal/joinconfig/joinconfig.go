@@ -25,6 +25,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/kube"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 )
@@ -78,6 +79,16 @@ func Mint(ctx context.Context, o Options) (_ Material, err error) {
 	if o.KubeadmTimeout <= 0 {
 		o.KubeadmTimeout = 2 * time.Minute
 	}
+
+	// The pass's rules: its lock (no join-config while a pass, a reset or
+	// a restore works on the node) and its directories (the lock refuses a
+	// /run/provider-kubernetes another user owns, who could swap the
+	// upload-certs config under kubeadm). Taken before anything is minted.
+	unlock, err := reconcile.Lock(o.Root)
+	if err != nil {
+		return Material{}, fmt.Errorf("take the reconcile lock (nothing minted): %w", err)
+	}
+	defer unlock()
 
 	local, err := localCluster(o.Root)
 	if err != nil {
@@ -315,8 +326,14 @@ func render(local *clusterconfig.Cluster, endpoint, kubernetesVersion string, jo
 	fmt.Fprintf(&buf, "# provider-kubernetes join-config: join material for a %s, minted %s.\n", m.Role, now.UTC().Format(time.RFC3339))
 	fmt.Fprintf(&buf, "# The bootstrap token %s expires at %s.\n", m.TokenID, m.Expires.Format(time.RFC3339))
 	if m.Role == clusterconfig.RoleControlPlane {
+		// The node needs both the token and the certificates: the earlier
+		// of the two ends is the deadline (a --ttl below CertsLifetime).
+		before := now.Add(CertsLifetime).UTC()
+		if m.Expires.Before(before) {
+			before = m.Expires
+		}
 		fmt.Fprintf(&buf, "# The uploaded control-plane certificates are deleted by kubeadm after %s: join before %s.\n",
-			CertsLifetime, now.Add(CertsLifetime).UTC().Format(time.RFC3339))
+			CertsLifetime, before.Format(time.RFC3339))
 	}
 	buf.WriteString("# This is a secret (it admits a node to the cluster): paste it into the next node's cloud-config and discard it.\n")
 	buf.Write(body)

@@ -12,6 +12,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"os"
@@ -24,7 +25,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kairos-io/provider-kubernetes/internal/bootstrap"
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
@@ -355,5 +358,71 @@ func TestFailedMintDeletesItsToken(t *testing.T) {
 	}
 	if got := e.api.ObjectPaths(); len(got) != 0 {
 		t.Fatalf("the failed join-config left %v", got)
+	}
+}
+
+// join-config follows the pass's rules: a /run/provider-kubernetes another
+// user owns (who could swap the upload-certs config under kubeadm) is
+// refused before anything is minted or run.
+func TestMintRefusesARunDirAnotherUserOwns(t *testing.T) {
+	e := newEnv(t)
+	if err := os.MkdirAll(e.node.Path(paths.RunDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(e.node.Path(paths.RunDir), 1000, 1000); err != nil {
+		t.Skipf("chown needs root: %v", err)
+	}
+	_, err := Mint(context.Background(), e.opts("controlplane"))
+	if !errors.Is(err, fsutil.ErrForeignOwner) {
+		t.Fatalf("want a refusal of the foreign run dir, got %v", err)
+	}
+	if got := e.rec.Lines(); len(got) != 0 {
+		t.Fatalf("ran %q", got)
+	}
+	if got := e.api.ObjectPaths(); len(got) != 0 {
+		t.Fatalf("minted %v", got)
+	}
+	if e.node.Exists(paths.TmpDir) {
+		t.Fatal("wrote under the foreign run dir")
+	}
+}
+
+// join-config takes the pass's lock: while a pass (or a reset, a restore)
+// holds it, nothing is minted or run.
+func TestMintRefusesWhileTheLockIsHeld(t *testing.T) {
+	e := newEnv(t)
+	unlock, err := reconcile.Lock(e.node.R())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	_, err = Mint(context.Background(), e.opts("controlplane"))
+	if !errors.Is(err, reconcile.ErrLocked) {
+		t.Fatalf("want ErrLocked, got %v", err)
+	}
+	if got := e.rec.Lines(); len(got) != 0 {
+		t.Fatalf("ran %q", got)
+	}
+	if got := e.api.ObjectPaths(); len(got) != 0 {
+		t.Fatalf("minted %v", got)
+	}
+}
+
+// A --ttl shorter than the certificates' lifetime is the real deadline of
+// a control plane's join: the printed comment says so.
+func TestMintControlPlaneCommentStatesAShorterTTL(t *testing.T) {
+	e := newEnv(t)
+	o := e.opts("controlplane")
+	o.TTL = 30 * time.Minute
+	m, err := Mint(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := e.now.Add(30 * time.Minute).Format(time.RFC3339)
+	if !m.Expires.Equal(e.now.Add(30*time.Minute)) || !strings.Contains(string(m.Section), "join before "+deadline+".") {
+		t.Fatalf("want the join deadline %s:\n%s", deadline, m.Section)
+	}
+	if later := e.now.Add(CertsLifetime).Format(time.RFC3339); strings.Contains(string(m.Section), later) {
+		t.Fatalf("states %s, after the token expires:\n%s", later, m.Section)
 	}
 }

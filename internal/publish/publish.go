@@ -25,6 +25,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/kube"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/wait"
@@ -212,8 +213,14 @@ func Run(ctx context.Context, o Options) error {
 		o.Log.Error(Event, append(attrs, "error", runner.Sanitize(err.Error(), 400))...)
 		return err
 	}
-	if err := fsutil.MkdirAllMode(o.Root.Path(paths.RunDir), 0o755); err == nil {
+	// The marker is written under the pass's rules: its lock (which also
+	// refuses a /run/provider-kubernetes another user owns). Not written,
+	// the next publish records the Events again.
+	if unlock, err := reconcile.Lock(o.Root); err == nil {
 		_ = fsutil.WriteFileAtomic(marker, []byte(pass+"\n"), 0o644)
+		unlock()
+	} else {
+		attrs = append(attrs, "marker", "not written: "+runner.Sanitize(err.Error(), 300))
 	}
 	o.Log.Info(Event, attrs...)
 	return nil

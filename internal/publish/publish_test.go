@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
@@ -260,5 +261,34 @@ func TestAHostnameThatIsNoNodeNameIsRefused(t *testing.T) {
 	}
 	if a := api.NodeAnnotations("n1"); a[Prefix+"phase"] != "Converged" {
 		t.Fatalf("annotations %v", a)
+	}
+}
+
+// The published marker is written under the pass's lock: while a pass (or
+// a reset, a restore) holds it, publish leaves /run/provider-kubernetes alone.
+func TestPublishWritesTheMarkerUnderThePassLock(t *testing.T) {
+	e := newEnv(t)
+	if err := status.Write(e.node.R(), doc(status.PhaseConverged)); err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := reconcile.Lock(e.node.R())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.run(t, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if e.node.Exists(paths.PublishedMarker) {
+		t.Fatal("the marker was written while the lock was held")
+	}
+	if !strings.Contains(e.log.String(), "marker=\"not written: ") {
+		t.Fatalf("log %s", e.log.String())
+	}
+	unlock()
+	if err := e.run(t, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if !e.node.Exists(paths.PublishedMarker) {
+		t.Fatal("no marker once the lock was free")
 	}
 }

@@ -177,23 +177,37 @@ func writeVerified(root paths.Root, v version.Version) error {
 }
 
 // Lock takes the per-node pass lock (flock on /run/provider-kubernetes/reconcile.lock).
+// The directory must be root's (fsutil.EnsureDir); a lock file found
+// loose or another user's is replaced by a new one (fsutil.OpenOwned), so
+// the lock is held on the file the name now points to: checked after the
+// flock, and taken again when a concurrent replacement moved the name.
 func Lock(root paths.Root) (func(), error) {
 	lp := root.Path(paths.LockFile)
 	if err := fsutil.MkdirAllMode(filepath.Dir(lp), 0o755); err != nil {
 		return nil, fmt.Errorf("lock dir: %w", err)
 	}
-	f, err := fsutil.OpenOwned(lp, unix.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock file: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, ErrLocked
+	for attempt := 0; ; attempt++ {
+		f, err := fsutil.OpenOwned(lp, unix.O_RDWR, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("lock file: %w", err)
 		}
-		return nil, fmt.Errorf("flock %s: %w", paths.LockFile, err)
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, ErrLocked
+			}
+			return nil, fmt.Errorf("flock %s: %w", paths.LockFile, err)
+		}
+		var held, named unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Lstat(lp, &named) == nil &&
+			held.Dev == named.Dev && held.Ino == named.Ino {
+			return func() { f.Close() }, nil
+		}
+		f.Close()
+		if attempt == 2 {
+			return nil, fmt.Errorf("lock file %s: replaced while being locked, three times", paths.LockFile)
+		}
 	}
-	return func() { f.Close() }, nil
 }
 
 func (p *pass) clusterBudget() wait.Budget {
