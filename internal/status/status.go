@@ -82,6 +82,9 @@ type Backups struct {
 	Dir   string `json:"dir"`
 }
 
+// MaxSize bounds a status document: Read refuses a larger one.
+const MaxSize = 1 << 20
+
 // Write writes doc to the run file and the persistent mirror, both
 // atomically and 0644 (the document carries no secret). The two are
 // written at once (each is fsynced, with its directory: waiting for one
@@ -113,10 +116,26 @@ func Write(root paths.Root, doc Document) error {
 
 // Read reads a status document from a host path under root.
 func Read(root paths.Root, p string) (Document, error) {
-	b, err := fsutil.ReadFileNoFollow(root.Path(p), 1<<20)
+	b, err := fsutil.ReadFileNoFollow(root.Path(p), MaxSize)
 	if err != nil {
 		return Document{}, err
 	}
+	return parse(b, p)
+}
+
+// ReadTrusted reads a status document the provider acts on (the mirror's
+// last known facts): like Read, but only when the file and every directory
+// above it up to root are root's own and writable by nobody else
+// (fsutil.ReadFileTrusted).
+func ReadTrusted(root paths.Root, p string) (Document, error) {
+	b, err := fsutil.ReadFileTrusted(string(root), p, MaxSize)
+	if err != nil {
+		return Document{}, err
+	}
+	return parse(b, p)
+}
+
+func parse(b []byte, p string) (Document, error) {
 	var d Document
 	if err := yaml.Unmarshal(b, &d); err != nil {
 		return Document{}, fmt.Errorf("parse %s: %w", p, err)
