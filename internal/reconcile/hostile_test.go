@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -302,5 +303,51 @@ func TestRecordsInAnUntrustedDirectoryAreNotTrusted(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// Hostile host, round 2, class 8: a DEL or C1 control in the pin or in
+// kubeadm's error line made the status write fail, and `status` showed the
+// previous boot's Converged. The status of a pass is that pass's, escaped.
+func TestControlBytesInPinAndKubeadmErrorStillWriteThisPassStatus(t *testing.T) {
+	for _, bad := range []string{"\x7f", "\u009b", "\u0085"} {
+		t.Run("pin"+status.Printable(bad), func(t *testing.T) {
+			// YAML's double-quoted escapes put the byte in the parsed pin.
+			e := newEnv(t, "worker", `"v1.37.2`+strings.TrimPrefix(strconv.QuoteToASCII(bad), `"`), "v1.37.2", "v1.36.3", "v1.37.2", "")
+			res := e.run(Steps{})
+			d, src, err := status.ReadCurrent(e.node.R())
+			if err != nil || src != paths.StatusFile {
+				t.Fatalf("status: %s %v", src, err)
+			}
+			if d.Phase != res.Status.Phase || d.Time == "" || d.Time != res.Status.Time {
+				t.Fatalf("status shows %s (%s), the pass ended %s: want this pass's", d.Phase, d.Message, res.Status.Phase)
+			}
+			if strings.ContainsAny(d.Pin+d.Message, bad) {
+				t.Fatalf("unescaped %q in the status: pin %q message %q", bad, d.Pin, d.Message)
+			}
+			e.status(t)
+		})
+		t.Run("kubeadm"+status.Printable(bad), func(t *testing.T) {
+			e := newEnv(t, "worker", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+			line := "[ERROR CreateJob]: boom" + bad + "[2J"
+			e.rec = &runner.Recorder{Reply: func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+				if strings.HasPrefix(c.String(), "/usr/bin/kubeadm upgrade node") {
+					return runner.Result{ExitCode: 1, Stderr: []byte(line)}, &runner.ExitError{Cmd: c.String(), Code: 1, Tail: line}
+				}
+				return e.reply(ctx, c)
+			}}
+			res := e.run(Steps{})
+			if res.ExitCode != ExitFailed {
+				t.Fatalf("exit %d %v", res.ExitCode, res.Err)
+			}
+			d, src, err := status.ReadCurrent(e.node.R())
+			if err != nil || src != paths.StatusFile || d.Phase != status.PhaseFailed || d.Reason != ReasonKubeadmFailed {
+				t.Fatalf("status: %s %+v %v; want this pass's Failed/KubeadmFailed", src, d, err)
+			}
+			if strings.ContainsAny(d.Message, bad) || !strings.Contains(d.Message, "boom"+status.Printable(bad)+"[2J") && bad != "\u0085" {
+				t.Fatalf("message %q: want the error line with %q escaped", d.Message, bad)
+			}
+			e.status(t)
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"sigs.k8s.io/yaml"
 
@@ -90,10 +91,17 @@ const MaxSize = 1 << 20
 // written at once (each is fsynced, with its directory: waiting for one
 // after the other doubled what a pass spent on it); every error is
 // returned after both were attempted, the run file's first.
+//
+// Whatever it carries, the document written is this pass's: every text
+// field is escaped (Printable: a DEL, a C1 control, an invalid byte or a
+// line break read from the host or a peer made the YAML encoder refuse the
+// whole document, and `status` then showed the previous pass's), each field
+// and list is bounded, and the whole document is kept under MaxSize, the
+// bound its readers (`status`, `publish`, the next pass) accept.
 func Write(root paths.Root, doc Document) error {
-	b, err := yaml.Marshal(doc)
+	b, err := Marshal(doc)
 	if err != nil {
-		return fmt.Errorf("marshal status: %w", err)
+		return err
 	}
 	files := []string{paths.StatusFile, paths.StatusMirror}
 	errs := make([]error, len(files))
@@ -112,6 +120,91 @@ func Write(root paths.Root, doc Document) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// Bounds of what a status document carries.
+const (
+	// MaxField bounds one text field (after escaping) of a written document.
+	MaxField = 4 << 10
+	// MaxItems bounds the warnings, actions and events of a written document.
+	MaxItems = 64
+)
+
+// Marshal renders doc as written: escaped, each field and list bounded, the
+// whole under MaxSize (fields are cut shorter until it fits).
+func Marshal(doc Document) ([]byte, error) {
+	for limit := MaxField; limit >= 64; limit /= 2 {
+		b, err := yaml.Marshal(Bounded(doc, limit))
+		if err != nil {
+			return nil, fmt.Errorf("marshal status: %w", err)
+		}
+		if len(b) <= MaxSize {
+			return b, nil
+		}
+	}
+	return nil, fmt.Errorf("marshal status: over %d bytes even with every field cut short", MaxSize)
+}
+
+// Bounded is doc with every text field escaped (Printable) and cut to
+// limit bytes, and each list cut to MaxItems (saying how many were left out).
+func Bounded(doc Document, limit int) Document {
+	f := func(s string) string { return field(s, limit) }
+	list := func(in []string, what string) []string {
+		if in == nil {
+			return nil
+		}
+		out := make([]string, 0, min(len(in), MaxItems+1))
+		for i, s := range in {
+			if i == MaxItems {
+				out = append(out, fmt.Sprintf("(%d more %s not shown)", len(in)-MaxItems, what))
+				break
+			}
+			out = append(out, f(s))
+		}
+		return out
+	}
+	d := doc
+	d.Phase, d.Reason, d.Refusal, d.Message = f(d.Phase), f(d.Reason), f(d.Refusal), f(d.Message)
+	d.Role, d.Pin, d.Bundled, d.NodeVersion = f(d.Role), f(d.Pin), f(d.Bundled), f(d.NodeVersion)
+	d.VerifiedVersion, d.ClusterVersion, d.LastAction = f(d.VerifiedVersion), f(d.ClusterVersion), f(d.LastAction)
+	d.EtcdSnapshot, d.Time, d.BootID = f(d.EtcdSnapshot), f(d.Time), f(d.BootID)
+	d.Warnings = list(d.Warnings, "warnings")
+	d.Actions = list(d.Actions, "actions")
+	if b := d.KubeadmEtcdBackups; b != nil {
+		c := *b
+		c.Dir = f(c.Dir)
+		d.KubeadmEtcdBackups = &c
+	}
+	if d.Events != nil {
+		evs := d.Events
+		if len(evs) > MaxItems {
+			evs = evs[len(evs)-MaxItems:] // the latest
+		}
+		d.Events = make([]Event, len(evs))
+		for i, e := range evs {
+			d.Events[i] = Event{Type: f(e.Type), Reason: f(e.Reason), Message: f(e.Message), Time: f(e.Time)}
+		}
+	}
+	return d
+}
+
+// field escapes s and cuts it to limit bytes, on a character boundary,
+// saying how long it was.
+func field(s string, limit int) string {
+	orig := len(s)
+	if len(s) > 4*limit {
+		// Escaping never shortens: escape only what can be kept.
+		s = s[:4*limit]
+	}
+	e := Printable(s)
+	if len(e) <= limit {
+		return e
+	}
+	cut := limit - 40
+	for cut > 0 && !utf8.RuneStart(e[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (cut, %d bytes)", e[:cut], orig)
 }
 
 // Read reads a status document from a host path under root.
