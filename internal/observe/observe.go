@@ -224,7 +224,11 @@ func ImageTag(ref string) string {
 func (o *Observer) WorkerVersion(ctx context.Context, client *kube.Client) (version.Version, string, error) {
 	if d, err := status.ReadTrusted(o.Root, paths.StatusMirror); err == nil && d.Member && d.NodeVersion != "" {
 		if v, err := version.Parse(d.NodeVersion); err == nil {
-			return v, paths.StatusMirror, nil
+			since := d.Time
+			if d.Carried != nil && d.Carried.Since != "" {
+				since = d.Carried.Since
+			}
+			return v, paths.StatusMirror + " (last known, since " + since + ")", nil
 		}
 	}
 	if v, err := o.VerifiedVersion(); err == nil && !v.IsZero() {

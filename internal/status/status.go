@@ -55,10 +55,21 @@ type Document struct {
 	KubeadmEtcdBackups *Backups `json:"kubeadmEtcdBackups,omitempty"`
 	Time               string   `json:"time"`
 	BootID             string   `json:"bootID,omitempty"`
+	// Carried names the facts this pass could not read (the API down, a
+	// file unreadable) and took from the last known document instead,
+	// with where from and since when they are known.
+	Carried *Carried `json:"carried,omitempty"`
 	// Events are what this pass has to tell on the Node (upgrade started,
 	// finished or failed, a refusal); `provider-kubernetes publish` records
 	// them as Kubernetes Events after the pass.
 	Events []Event `json:"events,omitempty"`
+}
+
+// Carried says which facts of a document are the last known ones.
+type Carried struct {
+	Fields []string `json:"fields"` // e.g. member, nodeVersion
+	From   string   `json:"from"`   // the document they were taken from
+	Since  string   `json:"since"`  // when they were last read (UTC, RFC 3339)
 }
 
 // Event is one Kubernetes Event a pass asks to record on its Node.
@@ -175,6 +186,9 @@ func Bounded(doc Document, limit int) Document {
 		c.Dir = f(c.Dir)
 		d.KubeadmEtcdBackups = &c
 	}
+	if c := d.Carried; c != nil {
+		d.Carried = &Carried{Fields: list(c.Fields, "fields"), From: f(c.From), Since: f(c.Since)}
+	}
 	if d.Events != nil {
 		evs := d.Events
 		if len(evs) > MaxItems {
@@ -280,6 +294,9 @@ func Print(w io.Writer, doc Document, format string) error {
 	}
 	for _, w := range doc.Warnings {
 		line("Warning", w)
+	}
+	if c := doc.Carried; c != nil {
+		line("Carried", fmt.Sprintf("%s: last known, from %s (read %s)", strings.Join(c.Fields, ", "), c.From, c.Since))
 	}
 	line("Time", doc.Time)
 	line("Boot ID", doc.BootID)
