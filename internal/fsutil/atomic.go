@@ -9,7 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"syscall"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -70,40 +70,127 @@ var ErrTooLarge = errors.New("file too large")
 // symlink in the last component and, without blocking, anything but a
 // regular file (a FIFO, socket, device or directory: ErrNotRegular).
 func ReadFileNoFollow(path string, limit int64) ([]byte, error) {
-	return readFile(path, limit, false)
+	return readFile(path, limit)
 }
 
 // ErrUntrusted: a file the provider acts on could have been written by
-// someone else.
+// someone else (it, or a directory above it, is not root's own or is
+// writable by another user).
 var ErrUntrusted = errors.New("not root's own")
 
-// ReadFileTrusted is ReadFileNoFollow for a file the provider acts on and
-// only root writes (the cluster file, the plugin's record): it must also be
-// owned by the provider's user (root) and writable by nobody else, or it is
-// refused (ErrUntrusted) rather than trusted.
-func ReadFileTrusted(path string, limit int64) ([]byte, error) {
-	return readFile(path, limit, true)
+// ReadFileTrusted reads at most limit bytes of hostPath under root, a
+// record the provider acts on and only root writes (the cluster file, the
+// plugin's records, the verified-version record, the status mirror read
+// back, kubeadm's saved manifests). The record counts only when root and
+// every directory from root down to it are root's own (the provider's
+// user) and writable by nobody else, and the file itself is too: whoever
+// can write a directory can replace what is in it. The walk opens each
+// component beneath the previous one's handle (O_NOFOLLOW, a symlink
+// anywhere below root is ErrSymlink), never blocks on a FIFO or device
+// (ErrNotRegular) and checks what it opened (fstat), so nothing can be
+// swapped between check and read. An untrusted directory or file is
+// ErrUntrusted naming it, even when the record below it is missing.
+func ReadFileTrusted(root, hostPath string, limit int64) ([]byte, error) {
+	if root == "" {
+		root = "/"
+	}
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: root, Err: err}
+	}
+	if err := trustedFd(fd, root, "directory"); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	var comps []string
+	clean := true
+	for _, c := range strings.Split(hostPath, "/") {
+		switch c {
+		case "", ".":
+		case "..":
+			clean = false
+		default:
+			comps = append(comps, c)
+		}
+	}
+	if !clean || len(comps) == 0 {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s: %q is not a clean path to a file", root, hostPath)
+	}
+	walked := strings.TrimSuffix(root, "/")
+	for i, c := range comps {
+		last := i == len(comps)-1
+		walked += "/" + c
+		flags := unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC
+		if !last {
+			flags |= unix.O_DIRECTORY
+		} else {
+			// A device is not even opened: the fstat below catches one
+			// swapped in meanwhile.
+			var pre unix.Stat_t
+			if unix.Fstatat(fd, c, &pre, unix.AT_SYMLINK_NOFOLLOW) == nil && pre.Mode&unix.S_IFMT != unix.S_IFREG {
+				unix.Close(fd)
+				if pre.Mode&unix.S_IFMT == unix.S_IFLNK {
+					return nil, fmt.Errorf("%s: %w", walked, ErrSymlink)
+				}
+				return nil, &KindError{Path: walked, Kind: Kind(pre.Mode), Want: "a regular file"}
+			}
+		}
+		next, err := unix.Openat(fd, c, flags, 0)
+		if err != nil {
+			perr := pathErr(fd, c, walked, err)
+			unix.Close(fd)
+			return nil, perr
+		}
+		unix.Close(fd)
+		fd = next
+		want := "directory"
+		if last {
+			want = "file"
+		}
+		if err := trustedFd(fd, walked, want); err != nil {
+			unix.Close(fd)
+			return nil, err
+		}
+	}
+	f := os.NewFile(uintptr(fd), walked)
+	defer f.Close()
+	return readBounded(f, walked, limit)
 }
 
-func readFile(path string, limit int64, trusted bool) ([]byte, error) {
+// trustedFd checks that what fd holds is root's own (the provider's user)
+// and writable by nobody else, and is what is wanted ("directory" or "file").
+func trustedFd(fd int, path, want string) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	switch {
+	case want == "directory" && st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return &KindError{Path: path, Kind: Kind(st.Mode), Want: "a directory"}
+	case want == "file" && st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return &KindError{Path: path, Kind: Kind(st.Mode), Want: "a regular file"}
+	}
+	if int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
+		return fmt.Errorf("%s: %w (%s of uid %d, mode %04o): refusing to act on a file someone else could have written (or replaced, for a directory)",
+			path, ErrUntrusted, want, st.Uid, st.Mode&0o7777)
+	}
+	return nil
+}
+
+func readFile(path string, limit int64) ([]byte, error) {
 	f, err := OpenRegular(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	return readBounded(f, path, limit)
+}
+
+func readBounded(f *os.File, path string, limit int64) ([]byte, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err
-	}
-	if trusted {
-		sys, ok := st.Sys().(*syscall.Stat_t)
-		if !ok || int(sys.Uid) != os.Geteuid() || st.Mode().Perm()&0o022 != 0 {
-			uid := -1
-			if ok {
-				uid = int(sys.Uid)
-			}
-			return nil, fmt.Errorf("%s: %w (uid %d, mode %04o): refusing to act on a file someone else could have written", path, ErrUntrusted, uid, st.Mode().Perm())
-		}
 	}
 	if st.Size() > limit {
 		return nil, fmt.Errorf("%s: %w (%d bytes, limit %d)", path, ErrTooLarge, st.Size(), limit)

@@ -203,7 +203,7 @@ func apiEndpoint(controlPlaneEndpoint, server string) (string, error) {
 // localCluster reads this node's cluster section: the next node shares its
 // cluster_token.
 func localCluster(root paths.Root) (*clusterconfig.Cluster, error) {
-	b, err := fsutil.ReadFileNoFollow(root.Path(paths.ClusterFile), clusterconfig.MaxSize)
+	b, err := fsutil.ReadFileTrusted(string(root), paths.ClusterFile, clusterconfig.MaxSize)
 	if err != nil {
 		return nil, fmt.Errorf("read the cluster file %s: %w", paths.ClusterFile, err)
 	}

@@ -59,13 +59,13 @@ func (o *Observer) Config() (Config, error) {
 	}
 	// The plugin refused this boot's section: the boot stage wrote the
 	// previous one. Acting on it would not be what the operator asked for.
-	if msg, merr := fsutil.ReadFileTrusted(o.Root.Path(paths.PluginError), 4<<10); merr == nil {
+	if msg, merr := fsutil.ReadFileTrusted(string(o.Root), paths.PluginError, 4<<10); merr == nil {
 		return Config{}, fmt.Errorf("the cloud-config's cluster: section was refused at boot (%s); the cluster file holds the previous section, so nothing runs: fix the section under /oem, check it with kairos-agent notify agent.boot, and reboot",
 			strings.TrimSpace(string(msg)))
 	} else if !errors.Is(merr, os.ErrNotExist) {
 		return Config{}, fmt.Errorf("read %s: %w", paths.PluginError, merr)
 	}
-	b, err := fsutil.ReadFileTrusted(o.Root.Path(p), clusterconfig.MaxSize)
+	b, err := fsutil.ReadFileTrusted(string(o.Root), p, clusterconfig.MaxSize)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			if _, yerr := os.Lstat(o.Root.Path(paths.ClusterYipFile)); yerr == nil {
@@ -222,9 +222,13 @@ func ImageTag(ref string) string {
 // version says which image booted, not what this node was upgraded to. No
 // record and no API: unknown, and the plan refuses rather than guesses.
 func (o *Observer) WorkerVersion(ctx context.Context, client *kube.Client) (version.Version, string, error) {
-	if d, err := status.Read(o.Root, paths.StatusMirror); err == nil && d.Member && d.NodeVersion != "" {
+	if d, err := status.ReadTrusted(o.Root, paths.StatusMirror); err == nil && d.Member && d.NodeVersion != "" {
 		if v, err := version.Parse(d.NodeVersion); err == nil {
-			return v, paths.StatusMirror, nil
+			since := d.Time
+			if d.Carried != nil && d.Carried.Since != "" {
+				since = d.Carried.Since
+			}
+			return v, paths.StatusMirror + " (last known, since " + since + ")", nil
 		}
 	}
 	if v, err := o.VerifiedVersion(); err == nil && !v.IsZero() {
@@ -266,7 +270,7 @@ func (o *Observer) BundleImages() ([]string, error) {
 // provider's persistent record (paths.VerifiedRecord); zero, with no
 // error, when there is no record (a node bootstrapped by an older release).
 func (o *Observer) VerifiedVersion() (version.Version, error) {
-	b, err := fsutil.ReadFileTrusted(o.Root.Path(paths.VerifiedRecord), 4<<10)
+	b, err := fsutil.ReadFileTrusted(string(o.Root), paths.VerifiedRecord, 4<<10)
 	if errors.Is(err, os.ErrNotExist) {
 		return version.Version{}, nil
 	}

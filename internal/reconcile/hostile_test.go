@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	"github.com/kairos-io/provider-kubernetes/pkg/plan"
 )
 
 // hangLimit bounds a pass over a sandbox with a special file planted: a
@@ -256,4 +258,96 @@ func TestInterruptedPassSaysSo(t *testing.T) {
 		t.Fatalf("ran after the interruption: %q", got)
 	}
 	e.logHas(t, "msg="+EventDone, "outcome=failed", "reason="+ReasonInterrupted)
+}
+
+// Hostile host, round 2, class 4: a root-owned verified-version record (or
+// a worker's status mirror) inside a directory uid 1000 owns, or that is
+// 0777, could have been planted by uid 1000: it is not trusted. A control
+// plane whose apply was interrupted (manifests at the pin, the cluster
+// still behind) resumes the apply instead of reporting converged; a worker
+// whose planted mirror says it is at the pin asks the API instead.
+func TestRecordsInAnUntrustedDirectoryAreNotTrusted(t *testing.T) {
+	testutil.RequireRoot(t)
+	untrust := map[string]func(string) error{
+		"chowned-1000": func(p string) error { return os.Chown(p, 1000, 1000) },
+		"0777":         func(p string) error { return os.Chmod(p, 0o777) },
+	}
+	for name, mod := range untrust {
+		for _, dir := range []string{paths.PersistDir, "/usr/local"} {
+			t.Run("controlplane/"+name+dir, func(t *testing.T) {
+				e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.37.2", "v1.36.3", "")
+				e.node.Write(paths.VerifiedRecord, "v1.37.2\n", 0o644)
+				if err := mod(e.node.Path(dir)); err != nil {
+					t.Fatal(err)
+				}
+				res := e.run(Steps{})
+				if res.ExitCode != ExitOK || !res.Plan.Has(plan.ActionUpgradeApply) {
+					t.Fatalf("exit %d %v plan %v %s: want the interrupted apply resumed", res.ExitCode, res.Err, res.Plan.Actions, res.Plan.Message)
+				}
+				e.logHas(t, "verified version", "not root")
+			})
+			t.Run("worker/"+name+dir, func(t *testing.T) {
+				// The worker is at v1.36.3 (its Node says so); the planted
+				// mirror and record say v1.37.2, the pin.
+				e := newEnv(t, "worker", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+				e.node.Write(paths.VerifiedRecord, "v1.37.2\n", 0o644)
+				if err := status.Write(e.node.R(), status.Document{Phase: status.PhaseConverged, Member: true, NodeVersion: "v1.37.2"}); err != nil {
+					t.Fatal(err)
+				}
+				if err := mod(e.node.Path(dir)); err != nil {
+					t.Fatal(err)
+				}
+				res := e.run(Steps{})
+				if res.ExitCode != ExitOK || !res.Plan.Has(plan.ActionUpgradeNode) {
+					t.Fatalf("exit %d %v plan %v %s: want the upgrade the planted records hid", res.ExitCode, res.Err, res.Plan.Actions, res.Plan.Message)
+				}
+			})
+		}
+	}
+}
+
+// Hostile host, round 2, class 8: a DEL or C1 control in the pin or in
+// kubeadm's error line made the status write fail, and `status` showed the
+// previous boot's Converged. The status of a pass is that pass's, escaped.
+func TestControlBytesInPinAndKubeadmErrorStillWriteThisPassStatus(t *testing.T) {
+	for _, bad := range []string{"\x7f", "\u009b", "\u0085"} {
+		t.Run("pin"+status.Printable(bad), func(t *testing.T) {
+			// YAML's double-quoted escapes put the byte in the parsed pin.
+			e := newEnv(t, "worker", `"v1.37.2`+strings.TrimPrefix(strconv.QuoteToASCII(bad), `"`), "v1.37.2", "v1.36.3", "v1.37.2", "")
+			res := e.run(Steps{})
+			d, src, err := status.ReadCurrent(e.node.R())
+			if err != nil || src != paths.StatusFile {
+				t.Fatalf("status: %s %v", src, err)
+			}
+			if d.Phase != res.Status.Phase || d.Time == "" || d.Time != res.Status.Time {
+				t.Fatalf("status shows %s (%s), the pass ended %s: want this pass's", d.Phase, d.Message, res.Status.Phase)
+			}
+			if strings.ContainsAny(d.Pin+d.Message, bad) {
+				t.Fatalf("unescaped %q in the status: pin %q message %q", bad, d.Pin, d.Message)
+			}
+			e.status(t)
+		})
+		t.Run("kubeadm"+status.Printable(bad), func(t *testing.T) {
+			e := newEnv(t, "worker", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+			line := "[ERROR CreateJob]: boom" + bad + "[2J"
+			e.rec = &runner.Recorder{Reply: func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+				if strings.HasPrefix(c.String(), "/usr/bin/kubeadm upgrade node") {
+					return runner.Result{ExitCode: 1, Stderr: []byte(line)}, &runner.ExitError{Cmd: c.String(), Code: 1, Tail: line}
+				}
+				return e.reply(ctx, c)
+			}}
+			res := e.run(Steps{})
+			if res.ExitCode != ExitFailed {
+				t.Fatalf("exit %d %v", res.ExitCode, res.Err)
+			}
+			d, src, err := status.ReadCurrent(e.node.R())
+			if err != nil || src != paths.StatusFile || d.Phase != status.PhaseFailed || d.Reason != ReasonKubeadmFailed {
+				t.Fatalf("status: %s %+v %v; want this pass's Failed/KubeadmFailed", src, d, err)
+			}
+			if strings.ContainsAny(d.Message, bad) || !strings.Contains(d.Message, "boom"+status.Printable(bad)+"[2J") && bad != "\u0085" {
+				t.Fatalf("message %q: want the error line with %q escaped", d.Message, bad)
+			}
+			e.status(t)
+		})
+	}
 }

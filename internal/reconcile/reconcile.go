@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -125,6 +126,10 @@ type pass struct {
 	repaired bool
 	// events are what this pass tells on its Node (see status.Event).
 	events []status.Event
+	// last is the status mirror as this pass found it (the last known
+	// facts, nil when there is none to trust): what a failed read carries
+	// forward instead of "unknown" or "not a member".
+	last *status.Document
 }
 
 // event records one Event of this pass for the Node (published after it).
@@ -163,6 +168,12 @@ func Run(ctx context.Context, opts Options) Result {
 	p.obs = &observe.Observer{Root: opts.Root, ClusterFile: opts.ClusterFile, Runner: opts.Runner, Clock: opts.Clock,
 		APITimeout: opts.Budgets.APIRequest, Log: opts.Log}
 	p.doc.BootID = p.obs.BootID()
+	// Read before this pass writes anything: the facts the node knew.
+	if d, err := status.ReadTrusted(opts.Root, paths.StatusMirror); err == nil {
+		p.last = &d
+	} else if !errors.Is(err, os.ErrNotExist) {
+		opts.Log.Warn(EventObserve, "note", runner.Sanitize("last known status: "+err.Error(), 400))
+	}
 	p.Log.Info(EventStart, "boot_id", p.doc.BootID, "window", images.Window().String())
 	return p.run(ctx)
 }
@@ -232,6 +243,10 @@ func (p *pass) run(ctx context.Context) Result {
 	p.logPlan(obs, pl)
 
 	if pl.Redecide {
+		// What the repair step writes while it runs is this pass's
+		// document, with the facts observed (or carried), never a blank one.
+		p.setDoc(obs, pl, phaseOf(obs))
+		p.doc.Message = pl.Message
 		if err := p.act(ctx, obs, pl); err != nil {
 			return p.fail(ctx, obs, pl, string(plan.ActionRepairKubelet), ReasonRepairFailed, err)
 		}
@@ -270,11 +285,7 @@ func (p *pass) run(ctx context.Context) Result {
 		return Result{Plan: pl, Status: p.doc, ExitCode: ExitOK}
 	}
 
-	phase := status.PhaseUpgrading
-	if !obs.Facts.Member {
-		phase = status.PhaseBootstrapping
-	}
-	p.setDoc(obs, pl, phase)
+	p.setDoc(obs, pl, phaseOf(obs))
 	p.doc.Message = pl.Message
 	if upgrading(pl) {
 		p.event("Normal", status.EventUpgradeStarted, fmt.Sprintf("%s -> %s: %s (%s)", vs(obs.Facts.Node), pl.Pin, pl.Message, actionList(pl.Actions)))
@@ -614,6 +625,8 @@ func (p *pass) setDoc(obs Observation, pl plan.Plan, phase string) {
 	d.Role, d.Member, d.Pin = string(f.Role), f.Member, f.Pin
 	d.Bundled, d.NodeVersion, d.ClusterVersion = vs(f.Bundled), vs(f.Node), vs(f.Cluster)
 	d.VerifiedVersion = vs(f.Verified)
+	d.Carried = nil
+	p.carry(f)
 	d.Warnings = append(append([]string(nil), pl.Warnings...), p.notes...)
 	p.kubeadmBackups()
 	d.Actions = nil
@@ -621,6 +634,37 @@ func (p *pass) setDoc(obs Observation, pl plan.Plan, phase string) {
 		d.Actions = append(d.Actions, string(a))
 	}
 	d.Time = p.Now().UTC().Format(time.RFC3339)
+}
+
+// phaseOf is the phase of a pass about to act.
+func phaseOf(obs Observation) string {
+	if !obs.Facts.Member {
+		return status.PhaseBootstrapping
+	}
+	return status.PhaseUpgrading
+}
+
+// carry keeps what the node knew when this pass could not read it: a
+// member whose version could not be read (the API down, a manifest
+// unreadable) keeps the last known nodeVersion of the status mirror, said
+// in Carried with where from and since when (the original time when it
+// was itself carried), rather than writing "unknown", which the next pass
+// could not decide on.
+func (p *pass) carry(f plan.Facts) {
+	l, d := p.last, &p.doc
+	if l == nil || !f.Member || !f.Node.IsZero() || !l.Member {
+		return
+	}
+	v, err := version.Parse(l.NodeVersion)
+	if err != nil {
+		return
+	}
+	since := l.Time
+	if l.Carried != nil && slices.Contains(l.Carried.Fields, "nodeVersion") && l.Carried.Since != "" {
+		since = l.Carried.Since
+	}
+	d.NodeVersion = v.String()
+	d.Carried = &status.Carried{Fields: []string{"member", "nodeVersion"}, From: paths.StatusMirror, Since: since}
 }
 
 // kubeadmBackups reports kubeadm's own etcd copies, which accumulate on

@@ -154,7 +154,7 @@ func ListSaved(root paths.Root) (saved []Saved, skipped []string, err error) {
 			if !ok || !isComponent(c) {
 				continue
 			}
-			b, err := fsutil.ReadFileTrusted(root.Path(dir+"/"+f.Name()), 1<<20)
+			b, err := fsutil.ReadFileTrusted(string(root), dir+"/"+f.Name(), 1<<20)
 			if err != nil {
 				skipped = append(skipped, err.Error())
 				continue

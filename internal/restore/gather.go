@@ -49,7 +49,7 @@ func gather(ctx context.Context, o Options, r Request) (Facts, *held) {
 		}
 	}
 
-	b, err := fsutil.ReadFileTrusted(root.Path(r.Manifests+"/etcd.yaml"), 1<<20)
+	b, err := fsutil.ReadFileTrusted(string(root), r.Manifests+"/etcd.yaml", 1<<20)
 	if err == nil {
 		f.Member, err = ParseMember(b)
 	}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"sigs.k8s.io/yaml"
 
@@ -54,10 +55,21 @@ type Document struct {
 	KubeadmEtcdBackups *Backups `json:"kubeadmEtcdBackups,omitempty"`
 	Time               string   `json:"time"`
 	BootID             string   `json:"bootID,omitempty"`
+	// Carried names the facts this pass could not read (the API down, a
+	// file unreadable) and took from the last known document instead,
+	// with where from and since when they are known.
+	Carried *Carried `json:"carried,omitempty"`
 	// Events are what this pass has to tell on the Node (upgrade started,
 	// finished or failed, a refusal); `provider-kubernetes publish` records
 	// them as Kubernetes Events after the pass.
 	Events []Event `json:"events,omitempty"`
+}
+
+// Carried says which facts of a document are the last known ones.
+type Carried struct {
+	Fields []string `json:"fields"` // e.g. member, nodeVersion
+	From   string   `json:"from"`   // the document they were taken from
+	Since  string   `json:"since"`  // when they were last read (UTC, RFC 3339)
 }
 
 // Event is one Kubernetes Event a pass asks to record on its Node.
@@ -82,15 +94,25 @@ type Backups struct {
 	Dir   string `json:"dir"`
 }
 
+// MaxSize bounds a status document: Read refuses a larger one.
+const MaxSize = 1 << 20
+
 // Write writes doc to the run file and the persistent mirror, both
 // atomically and 0644 (the document carries no secret). The two are
 // written at once (each is fsynced, with its directory: waiting for one
 // after the other doubled what a pass spent on it); every error is
 // returned after both were attempted, the run file's first.
+//
+// Whatever it carries, the document written is this pass's: every text
+// field is escaped (Printable: a DEL, a C1 control, an invalid byte or a
+// line break read from the host or a peer made the YAML encoder refuse the
+// whole document, and `status` then showed the previous pass's), each field
+// and list is bounded, and the whole document is kept under MaxSize, the
+// bound its readers (`status`, `publish`, the next pass) accept.
 func Write(root paths.Root, doc Document) error {
-	b, err := yaml.Marshal(doc)
+	b, err := Marshal(doc)
 	if err != nil {
-		return fmt.Errorf("marshal status: %w", err)
+		return err
 	}
 	files := []string{paths.StatusFile, paths.StatusMirror}
 	errs := make([]error, len(files))
@@ -111,12 +133,116 @@ func Write(root paths.Root, doc Document) error {
 	return errors.Join(errs...)
 }
 
+// Bounds of what a status document carries.
+const (
+	// MaxField bounds one text field (after escaping) of a written document.
+	MaxField = 4 << 10
+	// MaxItems bounds the warnings, actions and events of a written document.
+	MaxItems = 64
+)
+
+// Marshal renders doc as written: escaped, each field and list bounded, the
+// whole under MaxSize (fields are cut shorter until it fits).
+func Marshal(doc Document) ([]byte, error) {
+	for limit := MaxField; limit >= 64; limit /= 2 {
+		b, err := yaml.Marshal(Bounded(doc, limit))
+		if err != nil {
+			return nil, fmt.Errorf("marshal status: %w", err)
+		}
+		if len(b) <= MaxSize {
+			return b, nil
+		}
+	}
+	return nil, fmt.Errorf("marshal status: over %d bytes even with every field cut short", MaxSize)
+}
+
+// Bounded is doc with every text field escaped (Printable) and cut to
+// limit bytes, and each list cut to MaxItems (saying how many were left out).
+func Bounded(doc Document, limit int) Document {
+	f := func(s string) string { return field(s, limit) }
+	list := func(in []string, what string) []string {
+		if in == nil {
+			return nil
+		}
+		out := make([]string, 0, min(len(in), MaxItems+1))
+		for i, s := range in {
+			if i == MaxItems {
+				out = append(out, fmt.Sprintf("(%d more %s not shown)", len(in)-MaxItems, what))
+				break
+			}
+			out = append(out, f(s))
+		}
+		return out
+	}
+	d := doc
+	d.Phase, d.Reason, d.Refusal, d.Message = f(d.Phase), f(d.Reason), f(d.Refusal), f(d.Message)
+	d.Role, d.Pin, d.Bundled, d.NodeVersion = f(d.Role), f(d.Pin), f(d.Bundled), f(d.NodeVersion)
+	d.VerifiedVersion, d.ClusterVersion, d.LastAction = f(d.VerifiedVersion), f(d.ClusterVersion), f(d.LastAction)
+	d.EtcdSnapshot, d.Time, d.BootID = f(d.EtcdSnapshot), f(d.Time), f(d.BootID)
+	d.Warnings = list(d.Warnings, "warnings")
+	d.Actions = list(d.Actions, "actions")
+	if b := d.KubeadmEtcdBackups; b != nil {
+		c := *b
+		c.Dir = f(c.Dir)
+		d.KubeadmEtcdBackups = &c
+	}
+	if c := d.Carried; c != nil {
+		d.Carried = &Carried{Fields: list(c.Fields, "fields"), From: f(c.From), Since: f(c.Since)}
+	}
+	if d.Events != nil {
+		evs := d.Events
+		if len(evs) > MaxItems {
+			evs = evs[len(evs)-MaxItems:] // the latest
+		}
+		d.Events = make([]Event, len(evs))
+		for i, e := range evs {
+			d.Events[i] = Event{Type: f(e.Type), Reason: f(e.Reason), Message: f(e.Message), Time: f(e.Time)}
+		}
+	}
+	return d
+}
+
+// field escapes s and cuts it to limit bytes, on a character boundary,
+// saying how long it was.
+func field(s string, limit int) string {
+	orig := len(s)
+	if len(s) > 4*limit {
+		// Escaping never shortens: escape only what can be kept.
+		s = s[:4*limit]
+	}
+	e := Printable(s)
+	if len(e) <= limit {
+		return e
+	}
+	cut := limit - 40
+	for cut > 0 && !utf8.RuneStart(e[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (cut, %d bytes)", e[:cut], orig)
+}
+
 // Read reads a status document from a host path under root.
 func Read(root paths.Root, p string) (Document, error) {
-	b, err := fsutil.ReadFileNoFollow(root.Path(p), 1<<20)
+	b, err := fsutil.ReadFileNoFollow(root.Path(p), MaxSize)
 	if err != nil {
 		return Document{}, err
 	}
+	return parse(b, p)
+}
+
+// ReadTrusted reads a status document the provider acts on (the mirror's
+// last known facts): like Read, but only when the file and every directory
+// above it up to root are root's own and writable by nobody else
+// (fsutil.ReadFileTrusted).
+func ReadTrusted(root paths.Root, p string) (Document, error) {
+	b, err := fsutil.ReadFileTrusted(string(root), p, MaxSize)
+	if err != nil {
+		return Document{}, err
+	}
+	return parse(b, p)
+}
+
+func parse(b []byte, p string) (Document, error) {
 	var d Document
 	if err := yaml.Unmarshal(b, &d); err != nil {
 		return Document{}, fmt.Errorf("parse %s: %w", p, err)
@@ -168,6 +294,9 @@ func Print(w io.Writer, doc Document, format string) error {
 	}
 	for _, w := range doc.Warnings {
 		line("Warning", w)
+	}
+	if c := doc.Carried; c != nil {
+		line("Carried", fmt.Sprintf("%s: last known, from %s (read %s)", strings.Join(c.Fields, ", "), c.From, c.Since))
 	}
 	line("Time", doc.Time)
 	line("Boot ID", doc.BootID)
