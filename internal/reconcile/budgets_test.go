@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -58,5 +59,38 @@ func TestBudgetOverrides(t *testing.T) {
 	}
 	if _, err := DefaultBudgets().WithOverrides(map[string]string{"budget.etcdSnapshot": "2m"}); err != nil {
 		t.Errorf("exactly the bound: %v", err)
+	}
+}
+
+// Budgets whose sum passes int64 used to wrap negative and be accepted,
+// leaving the wait bounded only by the whole pass. Every one of these is
+// refused, named by key, without the value.
+func TestBudgetOverridesThatOverflow(t *testing.T) {
+	maxDur := time.Duration(math.MaxInt64).String() // 2562047h47m16.854775807s
+	for _, pc := range []map[string]string{
+		{"budget.waitForCluster": maxDur},
+		{"budget.controlPlaneReady": maxDur},
+		{"budget.waitForCluster": "2562047h", "budget.verify": "2562047h"},
+		{"budget.kubeadmUpgrade": "1281024h", "budget.clusterVersion": "1281024h"},
+		{"budget.kubeadmBootstrap": "2562047h", "budget.controlPlaneReady": "2562047h"},
+		{"budget.waitForCluster": "2562047h"},
+		{"budget.apiRequest": maxDur},
+		{"budget.verify": "51m"},
+	} {
+		b, err := DefaultBudgets().WithOverrides(pc)
+		if !errors.Is(err, ErrProviderConfig) || !strings.Contains(err.Error(), "above the pass bound") {
+			t.Errorf("%v: accepted (%v), total %s", pc, err, b.Total())
+			continue
+		}
+		for _, v := range pc {
+			if strings.Contains(err.Error(), v) {
+				t.Errorf("%v: the error quotes the value: %v", pc, err)
+			}
+		}
+	}
+	// Total itself never wraps.
+	huge := Budgets{WaitForCluster: time.Duration(math.MaxInt64), Verify: time.Duration(math.MaxInt64), ClusterVersion: time.Duration(math.MaxInt64)}
+	if huge.Total() < PassBound {
+		t.Errorf("a sum past int64 reads as %s", huge.Total())
 	}
 }
