@@ -160,7 +160,7 @@ func (b Budgets) WithOverrides(providerConfig map[string]string) (Budgets, error
 		f, ok := fields[name]
 		if !isBudget || !ok {
 			return b, fmt.Errorf("%w: providerConfig has an unknown key, %s: the keys are %s (a Go duration each, e.g. budget.verify: 6m)",
-				ErrProviderConfig, clusterconfig.SafeKey(k), strings.Join(BudgetKeys(), ", "))
+				ErrProviderConfig, clusterconfig.ShownKey(k, BudgetKeys()), strings.Join(BudgetKeys(), ", "))
 		}
 		d, err := time.ParseDuration(strings.TrimSpace(providerConfig[k]))
 		if err != nil || d <= 0 {

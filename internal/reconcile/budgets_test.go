@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 )
 
 func TestDefaultBudgetsFitThePassBound(t *testing.T) {
@@ -40,10 +42,12 @@ func TestBudgetOverrides(t *testing.T) {
 		{map[string]string{"budget.verify": "-1s"}, "budget.verify is not a positive Go duration"},
 		{map[string]string{"budget.verify": "0s"}, "budget.verify is not a positive Go duration"},
 		{map[string]string{"budget.verify": secret}, "budget.verify is not a positive Go duration"},
-		{map[string]string{"budget.nope": "1s"}, "unknown key, budget.nope"},
-		{map[string]string{"budgets": "verify=1s"}, "unknown key, budgets"},
-		{map[string]string{"verify": "1s"}, "unknown key, verify"},
-		{map[string]string{secret: "1s"}, "unknown key, a key that is not a plain name (not shown)"},
+		{map[string]string{"budget.nope": "1s"}, "unknown key, a key of 11 characters (not shown):"},
+		{map[string]string{"budget.verfy": "1s"}, "unknown key, a key of 12 characters (not shown; did you mean budget.verify?)"},
+		{map[string]string{"budgets": "verify=1s"}, "unknown key, a key of 7 characters (not shown)"},
+		{map[string]string{"verify": "1s"}, "unknown key, a key of 6 characters (not shown; did you mean budget.verify?)"},
+		{map[string]string{secret: "1s"}, "unknown key, a key of 29 characters (not shown)"},
+		{map[string]string{"correct-horse-battery-staple-galaxy": "1s"}, "unknown key, a key of 35 characters (not shown)"},
 		{map[string]string{"budget.kubeadmUpgrade": "2h"}, "above the pass bound"},
 		// upgrades.md: the snapshot "is bounded at two minutes": lower, never higher.
 		{map[string]string{"budget.etcdSnapshot": "2m1s"}, "budget.etcdSnapshot is above the snapshot step's bound of 2m0s"},
@@ -92,5 +96,16 @@ func TestBudgetOverridesThatOverflow(t *testing.T) {
 	huge := Budgets{WaitForCluster: time.Duration(math.MaxInt64), Verify: time.Duration(math.MaxInt64), ClusterVersion: time.Duration(math.MaxInt64)}
 	if huge.Total() < PassBound {
 		t.Errorf("a sum past int64 reads as %s", huge.Total())
+	}
+}
+
+// clusterconfig names the budget keys in its errors from its own list.
+func TestBudgetNamesMatchClusterconfig(t *testing.T) {
+	var want []string
+	for _, n := range clusterconfig.BudgetNames {
+		want = append(want, BudgetKeyPrefix+n)
+	}
+	if strings.Join(want, ",") != strings.Join(BudgetKeys(), ",") {
+		t.Fatalf("clusterconfig.BudgetNames %v, the budgets %v", want, BudgetKeys())
 	}
 }
