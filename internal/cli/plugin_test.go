@@ -276,7 +276,7 @@ func TestPluginBootRejectsBadSections(t *testing.T) {
 		{"cluster not a map", "cluster: [a, b]\n", "cluster: must be a map"},
 		{"nested providerConfig (not Kairos's schema)", section(tok, host, "role: init", cfg, "providerConfig:\n    budgets:\n      verify: 6m"),
 			"providerConfig is a flat map of strings (Kairos's schema); the value of budgets is not a string"},
-		{"unknown providerConfig key", section(tok, host, "role: init", cfg, "providerConfig:\n    budget.verfy: 6m"), "providerConfig has an unknown key, budget.verfy"},
+		{"unknown providerConfig key", section(tok, host, "role: init", cfg, "providerConfig:\n    budget.verfy: 6m"), "providerConfig has an unknown key, a key of 12 characters (not shown; did you mean budget.verify?)"},
 		{"bad budget value", section(tok, host, "role: init", cfg, "providerConfig:\n    budget.verify: "+pluginToken), "providerConfig budget.verify is not a positive Go duration"},
 		{"snapshot budget above two minutes", section(tok, host, "role: init", cfg, "providerConfig:\n    budget.etcdSnapshot: 5m"), "may be lowered, not raised"},
 		{"worker asking for a control plane", section(tok, host, "role: worker", "config: |\n    clusterConfiguration:\n      kubernetesVersion: v1.37.2\n    joinConfiguration:\n      controlPlane: {}"),
@@ -439,6 +439,38 @@ func TestPluginClusterReset(t *testing.T) {
 			}
 			if r.code != 0 || r.resp.State != "Reset" || r.resp.Error != "" || !strings.Contains(r.resp.Logs, "msg=reset outcome=reset") {
 				t.Fatalf("%+v", r)
+			}
+		})
+	}
+}
+
+// A passphrase-style token (words and dashes: a plain name to any regexp)
+// pasted as the role, the pin, a providerConfig key or a key of config is
+// refused at boot and described: it reaches neither the response, stdout,
+// stderr nor the recorded refusal the next pass copies into its status.
+func TestPluginBootNeverEchoesAPastedPassphrase(t *testing.T) {
+	const secret = "correct-horse-battery-staple-galaxy"
+	for name, cluster := range map[string]string{
+		"role":                                   strings.Replace(goodCluster, "role: init", "role: "+secret, 1),
+		"pin":                                    strings.Replace(goodCluster, "kubernetesVersion: v1.37.2", "kubernetesVersion: "+secret, 1),
+		"providerConfig key":                     strings.Replace(goodCluster, "budget.verify: 6m", secret+": 6m", 1),
+		"providerConfig key, value not a string": strings.Replace(goodCluster, "budget.verify: 6m", secret+": [6m]", 1),
+		"config key":                             strings.Replace(goodCluster, "    initConfiguration:", "    "+secret+": {}\n    initConfiguration:", 1),
+	} {
+		t.Run(name, func(t *testing.T) {
+			root := t.TempDir()
+			r := execPlugin(t, root, "/system/providers/"+plugin.BinaryName, "agent.boot", bootEvent(cloudConfig(cluster)))
+			if r.resp.Error == "" {
+				t.Fatal("accepted")
+			}
+			marker, _ := os.ReadFile(filepath.Join(root, paths.PluginError))
+			for what, s := range map[string]string{"error": r.resp.Error, "log": r.resp.Logs, "stdout": r.stdout, "stderr": r.stderr, "record": string(marker)} {
+				if strings.Contains(s, secret) || strings.Contains(s, "correct-horse") {
+					t.Errorf("%s quotes the value: %s", what, s)
+				}
+			}
+			if len(marker) == 0 {
+				t.Error("the refusal is not recorded")
 			}
 		})
 	}

@@ -162,8 +162,10 @@ type attempt struct {
 	ep       Endpoint
 	cli      *etcdclient.Client
 	warnings []string
-	lockFD   int
-	locked   bool
+	// dir is the backup directory, opened beneath the root without
+	// following a symlink and flocked: every later read, write, removal and
+	// the path etcdctl is given go through it, never through the name.
+	dir *os.File
 	// notes say what was found in the backup directory and not trusted
 	// (moved aside or removed): the detail of the outcome line.
 	notes []string
@@ -174,9 +176,9 @@ func (a *attempt) close() {
 		_ = a.cli.Close()
 		a.cli = nil
 	}
-	if a.locked {
-		_ = unix.Close(a.lockFD)
-		a.locked = false
+	if a.dir != nil {
+		_ = a.dir.Close()
+		a.dir = nil
 	}
 }
 
@@ -266,7 +268,7 @@ func (a *attempt) run(ctx context.Context) Result {
 	}
 
 	var sf unix.Statfs_t
-	if err := unix.Statfs(root.Path(dir), &sf); err != nil {
+	if err := unix.Fstatfs(int(a.dir.Fd()), &sf); err != nil {
 		return failed("statfs %s: %v", dir, err)
 	}
 	free := int64(sf.Bavail) * int64(sf.Bsize)
@@ -341,8 +343,7 @@ func (a *attempt) name(clusterID uint64) string {
 // An error is returned only when the verification could not finish
 // (the attempt's bound): nothing is removed then.
 func (a *attempt) existing(ctx context.Context, v cryptgate.Verdict, clusterID uint64) (string, error) {
-	dir := a.o.Root.Path(paths.EtcdBackupDir)
-	ents, err := fsutil.ReadDir(dir)
+	ents, err := fsutil.ReadDirAt(a.dir)
 	if err != nil {
 		return "", fmt.Errorf("read %s: %s", paths.EtcdBackupDir, bare(err))
 	}
@@ -353,8 +354,7 @@ func (a *attempt) existing(ctx context.Context, v cryptgate.Verdict, clusterID u
 		if m == nil || m[1] != want || m[2] != minor {
 			continue
 		}
-		p := filepath.Join(dir, e.Name())
-		_, verr := verifyFile(ctx, a.o.Runner, a.o.FS, p, v.Dev, true)
+		_, verr := verifyFile(ctx, a.o.Runner, a.o.FS, a.at(e.Name()), a.o.Root.Path(paths.EtcdBackupDir+"/"+e.Name()), v.Dev, true)
 		if verr == nil {
 			return e.Name(), nil
 		}
@@ -362,23 +362,41 @@ func (a *attempt) existing(ctx context.Context, v cryptgate.Verdict, clusterID u
 			return "", fmt.Errorf("verify the existing %s: %v", e.Name(), verr)
 		}
 		why := runner.Sanitize(verr.Error(), 120)
-		if err := removeEntry(p); err != nil {
+		if err := fsutil.RemoveAllAt(a.dir, e.Name()); err != nil {
 			return "", fmt.Errorf("remove the unverifiable %s (%s): %s", e.Name(), why, bare(err))
 		}
 		a.notes = append(a.notes, fmt.Sprintf("removed %s: %s", e.Name(), why))
 	}
-	syncDir(dir)
+	_ = unix.Fsync(int(a.dir.Fd()))
 	return "", nil
 }
 
-// removeEntry removes a file or, when something planted a directory under
-// a snapshot's name, that directory (never following a symlink: RemoveAll
-// unlinks one).
-func removeEntry(p string) error {
-	if err := os.Remove(p); err == nil || errors.Is(err, os.ErrNotExist) {
-		return nil
+// at is name in the held backup directory, as a path any process (etcdctl,
+// etcdutl, the provider itself) resolves through the handle, not the name.
+func (a *attempt) at(name string) string {
+	return fsutil.HandlePath(a.dir) + "/" + name
+}
+
+// stillAt confirms the backup directory's name still leads to the held
+// directory: a swap (a symlink put at the name, the directory moved away)
+// means what was written there is not where the name says.
+func (a *attempt) stillAt() error {
+	now, err := fsutil.OpenDirNoFollow(string(a.o.Root), paths.EtcdBackupDir)
+	if err != nil {
+		return fmt.Errorf("%s was replaced during the attempt: %s", paths.EtcdBackupDir, bare(err))
 	}
-	return os.RemoveAll(p)
+	defer now.Close()
+	var x, y unix.Stat_t
+	if err := unix.Fstat(int(a.dir.Fd()), &x); err != nil {
+		return err
+	}
+	if err := unix.Fstat(int(now.Fd()), &y); err != nil {
+		return err
+	}
+	if x.Dev != y.Dev || x.Ino != y.Ino {
+		return fmt.Errorf("%s was replaced during the attempt by another directory", paths.EtcdBackupDir)
+	}
+	return nil
 }
 
 // controlPlaneManifests reads this node's kube-apiserver,
@@ -423,33 +441,32 @@ func ApplyStarted(target version.Version, manifests map[string][]byte) string {
 // lock serialises attempts (the reconcile pass and the etcd-snapshot
 // command) with a flock on the directory itself.
 func (a *attempt) lock() error {
-	full := a.o.Root.Path(paths.EtcdBackupDir)
-	fd, err := unix.Open(full, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	d, err := fsutil.OpenDirNoFollow(string(a.o.Root), paths.EtcdBackupDir)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", paths.EtcdBackupDir, err)
 	}
+	fd := int(d.Fd())
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		unix.Close(fd)
+		_ = d.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return errors.New("another etcd snapshot is being taken on this node")
 		}
 		return fmt.Errorf("flock %s: %w", paths.EtcdBackupDir, err)
 	}
-	a.lockFD, a.locked = fd, true
+	a.dir = d
 	return nil
 }
 
 // removeStale removes .part files a crash left (they are on the same
 // encrypted storage; they never counted).
 func (a *attempt) removeStale() {
-	dir := a.o.Root.Path(paths.EtcdBackupDir)
-	ents, err := fsutil.ReadDir(dir)
+	ents, err := fsutil.ReadDirAt(a.dir)
 	if err != nil {
 		return
 	}
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), "etcd-") && strings.HasSuffix(e.Name(), ".part") && !e.IsDir() {
-			_ = os.Remove(filepath.Join(dir, e.Name()))
+			_ = unix.Unlinkat(int(a.dir.Fd()), e.Name(), 0)
 		}
 	}
 }
@@ -458,12 +475,18 @@ func (a *attempt) removeStale() {
 // 0600 root:root, renames it to its final name and prunes older snapshots.
 func (a *attempt) save(ctx context.Context, v cryptgate.Verdict, clusterID uint64) Result {
 	root := a.o.Root
-	final := filepath.Join(paths.EtcdBackupDir, a.name(clusterID))
+	finalName := a.name(clusterID)
+	final := filepath.Join(paths.EtcdBackupDir, finalName)
 	part := final + ".part"
-	fullPart := root.Path(part)
+	partName := finalName + ".part"
+	// etcdctl, etcdutl and the provider reach the file through the held
+	// directory (/proc/<pid>/fd/<n>/...), never through the name, which a
+	// wrapper or another user's process could swap for a symlink meanwhile.
+	fullPart := a.at(partName)
+	dfd := int(a.dir.Fd())
 	cleanup := func() {
-		_ = os.Remove(fullPart)
-		_ = os.Remove(fullPart + ".part") // etcdctl's own temporary name
+		_ = unix.Unlinkat(dfd, partName, 0)
+		_ = unix.Unlinkat(dfd, partName+".part", 0) // etcdctl's own temporary name
 	}
 
 	deadline, _ := ctx.Deadline()
@@ -489,7 +512,13 @@ func (a *attempt) save(ctx context.Context, v cryptgate.Verdict, clusterID uint6
 		return failed("etcdctl snapshot save: %v", err)
 	}
 	t1 := time.Now()
-	st, err := verifyFile(ctx, a.o.Runner, a.o.FS, fullPart, v.Dev, false)
+	// The name must still lead to the held directory before the gate's
+	// device check (made by host path) and the verification mean anything.
+	if err := a.stillAt(); err != nil {
+		cleanup()
+		return failed("%v: the snapshot does not count", err)
+	}
+	st, err := verifyFile(ctx, a.o.Runner, a.o.FS, fullPart, root.Path(part), v.Dev, false)
 	if err != nil {
 		cleanup()
 		return failed("verify snapshot: %v", err)
@@ -502,11 +531,15 @@ func (a *attempt) save(ctx context.Context, v cryptgate.Verdict, clusterID uint6
 		cleanup()
 		return failed("%v", err)
 	}
-	if err := unix.Renameat2(unix.AT_FDCWD, fullPart, unix.AT_FDCWD, root.Path(final), unix.RENAME_NOREPLACE); err != nil {
+	if err := unix.Renameat2(dfd, partName, dfd, finalName, unix.RENAME_NOREPLACE); err != nil {
 		cleanup()
 		return failed("rename %s: %v", part, err)
 	}
-	syncDir(root.Path(paths.EtcdBackupDir))
+	_ = unix.Fsync(dfd)
+	if err := a.stillAt(); err != nil {
+		_ = unix.Unlinkat(dfd, finalName, 0)
+		return failed("%v: the snapshot does not count", err)
+	}
 	res := Result{Outcome: Taken, Path: final, Revision: st.Revision, Keys: st.Keys, Hash: st.Hash,
 		SaveTook: t1.Sub(t0), VerifyTook: time.Since(t1)}
 	res.Pruned = a.prune(filepath.Base(final))
@@ -538,8 +571,7 @@ func syncDir(dir string) { fsutil.SyncDir(dir) }
 // prune removes every other snapshot file (older targets, other clusters)
 // now that a new one is verified. Only regular files with our names.
 func (a *attempt) prune(keep string) int {
-	dir := a.o.Root.Path(paths.EtcdBackupDir)
-	ents, err := fsutil.ReadDir(dir)
+	ents, err := fsutil.ReadDirAt(a.dir)
 	if err != nil {
 		return 0
 	}
@@ -548,12 +580,12 @@ func (a *attempt) prune(keep string) int {
 		if e.Name() == keep || !e.Type().IsRegular() || !snapName().MatchString(e.Name()) {
 			continue
 		}
-		if os.Remove(filepath.Join(dir, e.Name())) == nil {
+		if unix.Unlinkat(int(a.dir.Fd()), e.Name(), 0) == nil {
 			n++
 		}
 	}
 	if n > 0 {
-		syncDir(dir)
+		_ = unix.Fsync(int(a.dir.Fd()))
 	}
 	return n
 }

@@ -53,7 +53,11 @@ const statusArg = "/proc/self/fd/0"
 // that short-lived process's, not the provider's, and the runner bounds it.
 // Both checks read the file through pread/mmap, never its offset, so they
 // share the one descriptor.
-func verifyFile(ctx context.Context, run runner.Runner, fs cryptgate.FS, path string, dev cryptgate.Dev, sealed bool) (snapshotStatus, error) {
+//
+// path is opened (a path through the held backup directory's handle, so
+// the file is the one in the directory that was checked); statPath is the
+// same file's host path, which the encryption gate's stat seam knows.
+func verifyFile(ctx context.Context, run runner.Runner, fs cryptgate.FS, path, statPath string, dev cryptgate.Dev, sealed bool) (snapshotStatus, error) {
 	f, err := fsutil.OpenRegular(path)
 	if errors.Is(err, fsutil.ErrNotRegular) || errors.Is(err, fsutil.ErrSymlink) {
 		var st unix.Stat_t
@@ -74,7 +78,7 @@ func verifyFile(ctx context.Context, run runner.Runner, fs cryptgate.FS, path st
 			return snapshotStatus{}, err
 		}
 	}
-	st, err := fs.Stat(path)
+	st, err := fs.Stat(statPath)
 	if err != nil {
 		return snapshotStatus{}, fmt.Errorf("stat: %w", err)
 	}

@@ -119,7 +119,6 @@ func realAPIServer(t *testing.T) (kubeconfig, addr string) {
 	}
 }
 
-
 // TestAgainstTheRealAPIServer: every call the provider makes, through
 // client-go, against the real kube-apiserver v1.37.2: what it reads back
 // is what was written, a missing object is NotFound, lists page, Events

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
@@ -175,17 +177,24 @@ func vs(v version.Version) string {
 }
 
 // Remove deletes one backup, refusing when it is no longer a real directory.
-// os.RemoveAll unlinks symlinks inside without following them.
+// It goes through a handle on kubeadm's tmp directory opened beneath the
+// root (no symlink followed), unlinks symlinks inside without following
+// them, and never crosses a mount point (a bind mount planted at the name
+// or inside is refused, not emptied).
 func Remove(root paths.Root, b Backup) error {
-	p := root.Path(path.Join(paths.KubeadmTmpDir, b.Name))
-	st, err := os.Lstat(p)
+	dir, err := fsutil.OpenDirNoFollow(string(root), paths.KubeadmTmpDir)
 	if err != nil {
 		return err
 	}
-	if !st.IsDir() {
+	defer dir.Close()
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(dir.Fd()), b.Name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return &os.PathError{Op: "stat", Path: path.Join(paths.KubeadmTmpDir, b.Name), Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return fmt.Errorf("%s is no longer a directory", b.Name)
 	}
-	return os.RemoveAll(p)
+	return fsutil.RemoveAllAt(dir, b.Name)
 }
 
 // kind names what a path holds (a FIFO, a socket, ...) for an error.

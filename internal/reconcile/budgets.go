@@ -3,6 +3,7 @@ package reconcile
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"time"
@@ -75,12 +76,30 @@ const PassBound = 50 * time.Minute
 // without the local API, snapshot and gate, with the wait for the control
 // planes) and a bootstrap (a control-plane join waits for /readyz, then one
 // kubeadm init or join).
+//
+// The sum saturates at the largest time.Duration instead of wrapping, so
+// budgets that add up past int64 read as too long rather than negative.
 func (b Budgets) Total() time.Duration {
-	common := 2*b.ClusterVersion + b.KubeletStart + b.KubeletHealthy + b.KubeadmUpgrade + b.KubeletRestart + b.Verify
-	cp := common + b.LocalAPI + b.EtcdSnapshot + b.ControlPlaneHealth
-	worker := common + b.WaitForCluster
-	bootstrap := b.ControlPlaneReady + b.KubeadmBootstrap
+	common := sumDurations(b.ClusterVersion, b.ClusterVersion, b.KubeletStart, b.KubeletHealthy, b.KubeadmUpgrade, b.KubeletRestart, b.Verify)
+	cp := sumDurations(common, b.LocalAPI, b.EtcdSnapshot, b.ControlPlaneHealth)
+	worker := sumDurations(common, b.WaitForCluster)
+	bootstrap := sumDurations(b.ControlPlaneReady, b.KubeadmBootstrap)
 	return max(cp, worker, bootstrap)
+}
+
+// sumDurations adds durations, saturating at the largest time.Duration
+// (and treating a negative one, which WithOverrides never yields, as the
+// largest too, so it can only make the sum too long).
+func sumDurations(ds ...time.Duration) time.Duration {
+	const most = time.Duration(math.MaxInt64)
+	var t time.Duration
+	for _, d := range ds {
+		if d < 0 || d > most-t {
+			return most
+		}
+		t += d
+	}
+	return t
 }
 
 // BudgetKeyPrefix starts every budget key of providerConfig, which in
@@ -141,11 +160,16 @@ func (b Budgets) WithOverrides(providerConfig map[string]string) (Budgets, error
 		f, ok := fields[name]
 		if !isBudget || !ok {
 			return b, fmt.Errorf("%w: providerConfig has an unknown key, %s: the keys are %s (a Go duration each, e.g. budget.verify: 6m)",
-				ErrProviderConfig, clusterconfig.SafeKey(k), strings.Join(BudgetKeys(), ", "))
+				ErrProviderConfig, clusterconfig.ShownKey(k, BudgetKeys()), strings.Join(BudgetKeys(), ", "))
 		}
 		d, err := time.ParseDuration(strings.TrimSpace(providerConfig[k]))
 		if err != nil || d <= 0 {
 			return b, fmt.Errorf("%w: providerConfig %s is not a positive Go duration such as 90s or 10m", ErrProviderConfig, k)
+		}
+		// Each budget alone must fit the pass bound: this also keeps
+		// their sum far from int64's range.
+		if d > PassBound {
+			return b, fmt.Errorf("%w: providerConfig %s is above the pass bound of %s: every budget and their sum must fit it", ErrProviderConfig, k, PassBound)
 		}
 		*f = d
 	}

@@ -2,9 +2,12 @@ package reconcile
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 )
 
 func TestDefaultBudgetsFitThePassBound(t *testing.T) {
@@ -39,10 +42,12 @@ func TestBudgetOverrides(t *testing.T) {
 		{map[string]string{"budget.verify": "-1s"}, "budget.verify is not a positive Go duration"},
 		{map[string]string{"budget.verify": "0s"}, "budget.verify is not a positive Go duration"},
 		{map[string]string{"budget.verify": secret}, "budget.verify is not a positive Go duration"},
-		{map[string]string{"budget.nope": "1s"}, "unknown key, budget.nope"},
-		{map[string]string{"budgets": "verify=1s"}, "unknown key, budgets"},
-		{map[string]string{"verify": "1s"}, "unknown key, verify"},
-		{map[string]string{secret: "1s"}, "unknown key, a key that is not a plain name (not shown)"},
+		{map[string]string{"budget.nope": "1s"}, "unknown key, a key of 11 characters (not shown):"},
+		{map[string]string{"budget.verfy": "1s"}, "unknown key, a key of 12 characters (not shown; did you mean budget.verify?)"},
+		{map[string]string{"budgets": "verify=1s"}, "unknown key, a key of 7 characters (not shown)"},
+		{map[string]string{"verify": "1s"}, "unknown key, a key of 6 characters (not shown; did you mean budget.verify?)"},
+		{map[string]string{secret: "1s"}, "unknown key, a key of 29 characters (not shown)"},
+		{map[string]string{"correct-horse-battery-staple-galaxy": "1s"}, "unknown key, a key of 35 characters (not shown)"},
 		{map[string]string{"budget.kubeadmUpgrade": "2h"}, "above the pass bound"},
 		// upgrades.md: the snapshot "is bounded at two minutes": lower, never higher.
 		{map[string]string{"budget.etcdSnapshot": "2m1s"}, "budget.etcdSnapshot is above the snapshot step's bound of 2m0s"},
@@ -58,5 +63,49 @@ func TestBudgetOverrides(t *testing.T) {
 	}
 	if _, err := DefaultBudgets().WithOverrides(map[string]string{"budget.etcdSnapshot": "2m"}); err != nil {
 		t.Errorf("exactly the bound: %v", err)
+	}
+}
+
+// Budgets whose sum passes int64 used to wrap negative and be accepted,
+// leaving the wait bounded only by the whole pass. Every one of these is
+// refused, named by key, without the value.
+func TestBudgetOverridesThatOverflow(t *testing.T) {
+	maxDur := time.Duration(math.MaxInt64).String() // 2562047h47m16.854775807s
+	for _, pc := range []map[string]string{
+		{"budget.waitForCluster": maxDur},
+		{"budget.controlPlaneReady": maxDur},
+		{"budget.waitForCluster": "2562047h", "budget.verify": "2562047h"},
+		{"budget.kubeadmUpgrade": "1281024h", "budget.clusterVersion": "1281024h"},
+		{"budget.kubeadmBootstrap": "2562047h", "budget.controlPlaneReady": "2562047h"},
+		{"budget.waitForCluster": "2562047h"},
+		{"budget.apiRequest": maxDur},
+		{"budget.verify": "51m"},
+	} {
+		b, err := DefaultBudgets().WithOverrides(pc)
+		if !errors.Is(err, ErrProviderConfig) || !strings.Contains(err.Error(), "above the pass bound") {
+			t.Errorf("%v: accepted (%v), total %s", pc, err, b.Total())
+			continue
+		}
+		for _, v := range pc {
+			if strings.Contains(err.Error(), v) {
+				t.Errorf("%v: the error quotes the value: %v", pc, err)
+			}
+		}
+	}
+	// Total itself never wraps.
+	huge := Budgets{WaitForCluster: time.Duration(math.MaxInt64), Verify: time.Duration(math.MaxInt64), ClusterVersion: time.Duration(math.MaxInt64)}
+	if huge.Total() < PassBound {
+		t.Errorf("a sum past int64 reads as %s", huge.Total())
+	}
+}
+
+// clusterconfig names the budget keys in its errors from its own list.
+func TestBudgetNamesMatchClusterconfig(t *testing.T) {
+	var want []string
+	for _, n := range clusterconfig.BudgetNames {
+		want = append(want, BudgetKeyPrefix+n)
+	}
+	if strings.Join(want, ",") != strings.Join(BudgetKeys(), ",") {
+		t.Fatalf("clusterconfig.BudgetNames %v, the budgets %v", want, BudgetKeys())
 	}
 }

@@ -351,3 +351,45 @@ func TestControlBytesInPinAndKubeadmErrorStillWriteThisPassStatus(t *testing.T) 
 		})
 	}
 }
+
+// TestPastedSecretsAreNeverEchoed: a passphrase-style token (words and
+// dashes, so it looks like any plain name) pasted as the role, the pin or
+// a providerConfig key fails validation; the pass describes it and never
+// copies it into the log, the 0644 status files or its error.
+func TestPastedSecretsAreNeverEchoed(t *testing.T) {
+	const secret = "correct-horse-battery-staple-galaxy"
+	for _, tc := range []struct{ name, role, pin, nodeV, providerKey string }{
+		{"role, not a member", secret, "v1.37.2", "", ""},
+		{"role, a member worker", "worker", "v1.37.2", "v1.36.3", "role"},
+		{"pin, control plane", "controlplane", secret, "v1.36.3", ""},
+		{"pin, not a member", "init", secret, "", ""},
+		{"providerConfig key", "controlplane", "v1.37.2", "v1.36.3", secret},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, tc.role, tc.pin, "v1.37.2", tc.nodeV, "v1.36.3", "")
+			switch tc.providerKey {
+			case "":
+			case "role": // a worker member whose cluster file's role is the secret
+				e.node.Write(paths.ClusterFile, strings.Replace(e.node.Read(paths.ClusterFile), "role: worker", "role: "+secret, 1), 0o600)
+			default:
+				e.node.Write(paths.ClusterFile, e.node.Read(paths.ClusterFile)+"providerConfig:\n  "+tc.providerKey+": 1s\n", 0o600)
+			}
+			res := e.run(Steps{})
+			all := map[string]string{"log": e.logBuf.String(), "status": e.node.Read(paths.StatusFile), "plan": res.Plan.Message}
+			if b, err := os.ReadFile(e.node.Path(paths.StatusMirror)); err == nil {
+				all["mirror"] = string(b)
+			}
+			if res.Err != nil {
+				all["error"] = res.Err.Error()
+			}
+			for what, s := range all {
+				if strings.Contains(s, secret) || strings.Contains(s, "correct-horse") {
+					t.Errorf("%s quotes the value:\n%s", what, s)
+				}
+			}
+			if !strings.Contains(all["status"], "35 characters") {
+				t.Errorf("the status does not describe the value:\n%s", all["status"])
+			}
+		})
+	}
+}

@@ -269,7 +269,7 @@ func (p *pass) run(ctx context.Context) Result {
 		if !obs.Facts.Member {
 			ev = EventRefuseBoot
 		}
-		p.Log.Error(ev, "code", string(pl.Refusal), "pin", obs.Facts.Pin, "node", vs(obs.Facts.Node), "bundled", vs(obs.Facts.Bundled),
+		p.Log.Error(ev, "code", string(pl.Refusal), "pin", plan.ShownPin(obs.Facts.Pin), "node", vs(obs.Facts.Node), "bundled", vs(obs.Facts.Bundled),
 			"cluster", vs(obs.Facts.Cluster), "message", pl.Message)
 		p.setDoc(obs, pl, status.PhaseRefused)
 		p.doc.Reason, p.doc.Refusal, p.doc.Message = pl.Reason, string(pl.Refusal), pl.Message
@@ -622,7 +622,9 @@ func (p *pass) setDoc(obs Observation, pl plan.Plan, phase string) {
 	f := obs.Facts
 	d := &p.doc
 	d.Phase, d.Reason, d.Refusal, d.Message = phase, "", "", ""
-	d.Role, d.Member, d.Pin = string(f.Role), f.Member, f.Pin
+	// A role or pin that fails validation may be a pasted secret: the
+	// status files are world-readable, so it is described, not copied.
+	d.Role, d.Member, d.Pin = f.Role.Shown(), f.Member, plan.ShownPin(f.Pin)
 	d.Bundled, d.NodeVersion, d.ClusterVersion = vs(f.Bundled), vs(f.Node), vs(f.Cluster)
 	d.VerifiedVersion = vs(f.Verified)
 	d.Carried = nil
@@ -698,7 +700,7 @@ func (p *pass) writeStatus() {
 func (p *pass) logPlan(obs Observation, pl plan.Plan) {
 	f := obs.Facts
 	p.Log.Info(EventPlan, "verdict", string(pl.Verdict), "actions", actionList(pl.Actions), "refusal", string(pl.Refusal),
-		"member", f.Member, "role", string(f.Role), "pin", f.Pin, "bundled", vs(f.Bundled), "node", vs(f.Node),
+		"member", f.Member, "role", f.Role.Shown(), "pin", plan.ShownPin(f.Pin), "bundled", vs(f.Bundled), "node", vs(f.Node),
 		"cluster", vs(f.Cluster), "message", pl.Message)
 	for _, n := range obs.Notes {
 		p.Log.Info(EventObserve, "note", runner.Sanitize(n, 400))

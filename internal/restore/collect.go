@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kairos-io/provider-kubernetes/internal/bundle"
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
@@ -203,19 +205,51 @@ func CollectManifests(root paths.Root, w Want, to string) (Collected, error) {
 		}
 		return c, err
 	}
-	if ents, err := fsutil.ReadDir(root.Path(to)); err == nil && len(ents) > 0 {
-		return c, fmt.Errorf("%w: %s is not empty", ErrCollectTarget, to)
-	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return c, fmt.Errorf("%w: %v", ErrCollectTarget, err)
+	// Every component of to is resolved beneath the root one at a time,
+	// never through a symlink (a link in a parent, in a directory another
+	// user owns, would carry the copies into /etc/kubernetes/manifests),
+	// and the copies are written through the handle that was checked.
+	parent, err := fsutil.MkdirAllBeneath(string(root), path.Dir(to), 0o700)
+	if err != nil {
+		return c, fmt.Errorf("%w: %w (no symlink in --to is followed: give the real path)", ErrCollectTarget, err)
 	}
-	if err := fsutil.MkdirAllMode(root.Path(to), 0o700); err != nil {
+	defer parent.Close()
+	dir, _, err := fsutil.EnsureDirAt(parent, path.Base(to), 0o700)
+	if err != nil {
+		return c, fmt.Errorf("%w: %w (no symlink in --to is followed: give the real path)", ErrCollectTarget, err)
+	}
+	defer dir.Close()
+	if err := notManifestsDir(root, dir); err != nil {
+		return c, fmt.Errorf("%w: %s %v", ErrCollectTarget, to, err)
+	}
+	if ents, err := fsutil.ReadDirAt(dir); err != nil {
 		return c, fmt.Errorf("%w: %v", ErrCollectTarget, err)
+	} else if len(ents) > 0 {
+		return c, fmt.Errorf("%w: %s is not empty", ErrCollectTarget, to)
 	}
 	for _, comp := range Components {
 		s := c.From[comp]
-		if err := fsutil.WriteFileAtomic(root.Path(to+"/"+s.File), s.data, 0o600); err != nil {
+		if err := fsutil.WriteFileAtomicAt(dir, s.File, s.data, 0o600); err != nil {
 			return c, fmt.Errorf("copy %s/%s: %w", s.Dir, s.File, err)
 		}
 	}
 	return c, nil
+}
+
+// notManifestsDir refuses a directory that is the kubelet's manifests
+// directory under another name (a bind mount of it).
+func notManifestsDir(root paths.Root, dir *os.File) error {
+	m, err := fsutil.OpenDirNoFollow(string(root), paths.ManifestsDir)
+	if err != nil {
+		return nil // no manifests directory to protect
+	}
+	defer m.Close()
+	var a, b unix.Stat_t
+	if unix.Fstat(int(dir.Fd()), &a) != nil || unix.Fstat(int(m.Fd()), &b) != nil {
+		return errors.New("cannot be compared with the kubelet's manifests directory")
+	}
+	if a.Dev == b.Dev && a.Ino == b.Ino {
+		return errors.New("is the kubelet's manifests directory: collect elsewhere, then copy them in")
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
@@ -231,5 +232,52 @@ func TestCollectManifestsNeverUsesAForeignTarget(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(elsewhere); len(ents) != 0 {
 		t.Fatalf("written through the symlink: %v", ents)
+	}
+}
+
+// TestCollectManifestsNeverFollowsALinkInAParent: --to under a directory
+// another user owns, which is a symlink to /etc/kubernetes (or to the
+// manifests directory itself), emptied for the restore as the runbook
+// says: refused, and nothing lands in the kubelet's manifests directory.
+func TestCollectManifestsNeverFollowsALinkInAParent(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, tc := range []struct{ link, target, to string }{
+		{"/home/bob", paths.KubernetesDir, "/home/bob/manifests"},
+		{"/home/bob", paths.ManifestsDir, "/home/bob/restore"},
+		{"/home/bob/tmp", paths.KubernetesDir, "/home/bob/tmp/manifests"},
+	} {
+		t.Run(tc.to+"->"+tc.target, func(t *testing.T) {
+			root := t.TempDir()
+			saveManifests(t, root, map[string]map[string]string{
+				"kubeadm-backup-manifests-2026-12-01-05-21-10": {"etcd": "registry.k8s.io/etcd:3.6.8-0", "kube-apiserver": "registry.k8s.io/kube-apiserver:v1.36.3",
+					"kube-controller-manager": "registry.k8s.io/kube-controller-manager:v1.36.3", "kube-scheduler": "registry.k8s.io/kube-scheduler:v1.36.3"},
+			})
+			manifests := filepath.Join(root, paths.ManifestsDir)
+			if err := os.MkdirAll(manifests, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			link := filepath.Join(root, tc.link)
+			if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(filepath.Join(root, tc.target), link); err != nil {
+				t.Fatal(err)
+			}
+			_ = os.Lchown(link, 4242, 4242)
+			_ = os.Chown(filepath.Dir(link), 4242, 4242)
+			if _, err := CollectManifests(paths.Root(root), want136, tc.to); !errors.Is(err, ErrCollectTarget) || !errors.Is(err, fsutil.ErrSymlink) {
+				t.Fatalf("through a symlinked parent: %v", err)
+			}
+			var found []string
+			_ = filepath.WalkDir(manifests, func(p string, d os.DirEntry, err error) error {
+				if p != manifests {
+					found = append(found, p)
+				}
+				return nil
+			})
+			if len(found) != 0 {
+				t.Fatalf("written into the manifests directory: %v", found)
+			}
+		})
 	}
 }

@@ -193,7 +193,8 @@ func swap(ctx context.Context, o Options, p Plan, h *held) error {
 		return fmt.Errorf("create %s: %w", p.Staging, err)
 	}
 	// Only what this run created is ever removed: its own staging directory.
-	dropStaging := func() { _ = os.RemoveAll(o.Root.Path(p.Staging)) }
+	// Through the held data directory's handle, never across a mount point.
+	dropStaging := func() { _ = fsutil.RemoveAllAt(h.dataDir, staging) }
 	_, err := o.Runner.Run(ctx, runner.Cmd{Path: paths.Etcdutl, Args: p.RestoreArgs(o.Root), Timeout: o.restoreTimeout(), Stdin: h.snap})
 	if err != nil {
 		dropStaging()

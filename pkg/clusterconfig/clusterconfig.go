@@ -191,7 +191,7 @@ func checkKind(key, want string, v *yaml3.Node) error {
 		var keys []string
 		for i := 0; i+1 < len(v.Content); i += 2 {
 			if !isString(v.Content[i+1]) && !isScalar(v.Content[i+1]) {
-				keys = append(keys, SafeKey(v.Content[i].Value))
+				keys = append(keys, ShownKey(v.Content[i].Value, providerConfigKeys()))
 			}
 		}
 		if len(keys) > 0 {
@@ -245,18 +245,71 @@ func kind(n *yaml3.Node) string {
 	return "a " + n.ShortTag() + " value"
 }
 
-// safeKeyRE is what a key may look like to be named in an error: short,
-// letters and separators only. A key that could be a secret (the token
-// pasted one line off) is named by position only.
-var safeKeyRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z][A-Za-z._-]{0,47}$`) })
-
-// SafeKey is a key as an error may name it.
-func SafeKey(k string) string {
-	if safeKeyRE().MatchString(k) {
-		return k
+// ShownKey is a key as an error may name it: one of the keys the reader
+// knows as is, any other described by its length (with the known key it
+// nearly matches, when there is one). Looking like a plain name is not
+// enough: a words-and-dashes passphrase pasted one line off is one.
+func ShownKey(k string, known []string) string {
+	for _, n := range known {
+		if k == n {
+			return k
+		}
 	}
-	return "a key that is not a plain name (not shown)"
+	hint := ""
+	for _, n := range known {
+		if nearMiss(k, n) {
+			hint = "; did you mean " + n + "?"
+			break
+		}
+	}
+	return fmt.Sprintf("a key of %d characters (not shown%s)", len(k), hint)
 }
+
+// nearMiss: k is a typo of known (at most two edits apart), a shortening
+// of it, or it without its "budget." prefix.
+func nearMiss(k, known string) bool {
+	if len(k) >= 4 && strings.HasPrefix(known, k) || "budget."+k == known {
+		return true
+	}
+	if d := len(k) - len(known); d > 2 || d < -2 || len(k) > 64 {
+		return false
+	}
+	prev := make([]int, len(known)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(k); i++ {
+		cur := make([]int, len(known)+1)
+		cur[0] = i
+		for j := 1; j <= len(known); j++ {
+			cost := 1
+			if k[i-1] == known[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(known)] <= 2
+}
+
+// BudgetNames are the providerConfig budget.<name> names the provider
+// reads (internal/reconcile's Budgets; a test keeps the two equal).
+var BudgetNames = []string{"apiRequest", "clusterVersion", "controlPlaneHealth", "controlPlaneReady", "etcdSnapshot", "kubeadmBootstrap",
+	"kubeadmUpgrade", "kubeletHealthy", "kubeletRestart", "kubeletStart", "localAPI", "verify", "waitForCluster"}
+
+// providerConfigKeys are the providerConfig keys an error may name: the
+// budgets, and the nested budgets: of old releases (refused by name).
+func providerConfigKeys() []string {
+	keys := []string{"budgets"}
+	for _, n := range BudgetNames {
+		keys = append(keys, "budget."+n)
+	}
+	return keys
+}
+
+// kubeadmDocKeys are the keys of the config string (Kubeadm's fields).
+var kubeadmDocKeys = []string{"clusterConfiguration", "initConfiguration", "joinConfiguration", "upgradeConfiguration", "kubeletConfiguration", "kubeProxyConfiguration"}
 
 // Kubeadm parses the config string.
 func (c *Cluster) Kubeadm() (*Kubeadm, error) {
@@ -289,8 +342,8 @@ func (k *Kubeadm) Pin() (string, error) {
 // value there may be the token, so it is never repeated.
 var quoted = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile("`[^`]*`|'[^']*'|\"[^\"]*\"|invalid map key:.*") })
 
-// unknownField is a strict decoder's complaint about a key: the key is
-// named when it is a plain name (SafeKey).
+// unknownField is a strict decoder's complaint about a key of the config
+// string: unknown by definition, so described (ShownKey), never named.
 var unknownField = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`unknown field "([^"]*)"`) })
 
 // RedactYAMLError is a parser's error on one line without any of the
@@ -299,7 +352,7 @@ func RedactYAMLError(err error) string {
 	var parts []string
 	for _, l := range strings.Split(err.Error(), "\n") {
 		l = unknownField().ReplaceAllStringFunc(l, func(m string) string {
-			return "unknown key " + SafeKey(unknownField().FindStringSubmatch(m)[1])
+			return "unknown key, " + ShownKey(unknownField().FindStringSubmatch(m)[1], kubeadmDocKeys)
 		})
 		if l = strings.TrimSpace(quoted().ReplaceAllString(l, "<value>")); l != "" {
 			parts = append(parts, l)

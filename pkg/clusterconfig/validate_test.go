@@ -95,7 +95,7 @@ func TestValidateBad(t *testing.T) {
 		{"endpoint bad port", section("worker", "cp:99999", goodConfig), "control_plane_host: the port is not 1-65535"},
 		{"cluster endpoint without a host", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n    controlPlaneEndpoint: \":6443\"\n"), "clusterConfiguration.controlPlaneEndpoint: no host"},
 		{"invalid yaml", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n   bad: [\n"), "config: "},
-		{"unknown document", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n  initConfig:\n    a: 1\n"), "unknown key initConfig"},
+		{"unknown document", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37.2\n  initConfig:\n    a: 1\n"), "unknown key, a key of 10 characters (not shown; did you mean initConfiguration?)"},
 		{"missing pin", section("init", "10.0.0.11", "config: |\n  initConfiguration: {}\n"), "clusterConfiguration.kubernetesVersion is missing"},
 		{"bad pin", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    kubernetesVersion: stable\n"), "kubernetesVersion is not an exact vMAJOR.MINOR.PATCH release"},
 		{"wrong apiVersion", section("init", "10.0.0.11", "config: |\n  clusterConfiguration:\n    apiVersion: kubeadm.k8s.io/v1beta3\n    kubernetesVersion: v1.37.2\n"), "clusterConfiguration.apiVersion must be kubeadm.k8s.io/v1beta4"},

@@ -27,7 +27,36 @@ func ParseRole(s string) (Role, error) {
 	case RoleInit, RoleControlPlane, RoleWorker:
 		return r, nil
 	}
-	return "", fmt.Errorf("unknown role %q: want init, controlplane or worker", s)
+	return "", fmt.Errorf("unknown role (%s): want init, controlplane or worker", Described(s))
+}
+
+// Shown is the role as a log line, a status file or a message may carry
+// it: one of the three roles, or empty, as is; anything else described by
+// its length only (an unknown role may be the cluster token pasted one
+// line off, and a words-and-dashes passphrase looks like any other word).
+func (r Role) Shown() string {
+	switch r {
+	case "", RoleInit, RoleControlPlane, RoleWorker:
+		return string(r)
+	}
+	return Described(string(r))
+}
+
+// ShownPin is the pin as a log line, a status file or a message may carry
+// it: an exact version (or nothing) as is, anything else described.
+func ShownPin(s string) string {
+	if s == "" {
+		return s
+	}
+	if _, err := version.Parse(s); err != nil {
+		return Described(s)
+	}
+	return s
+}
+
+// Described names a value that failed validation without quoting it.
+func Described(s string) string {
+	return fmt.Sprintf("<a value of %d characters, not shown>", len(s))
 }
 
 // ControlPlane reports whether r runs a control plane (init counts once the node is a member).
@@ -148,7 +177,7 @@ func Decide(w version.Window, f Facts) Plan {
 		return refuse(InvalidPin, "clusterConfiguration.kubernetesVersion is not set: pin an exact version such as v%d.%d.0", lastOf(w).Major, lastOf(w).Minor)
 	}
 	if err != nil {
-		return refuse(InvalidPin, "clusterConfiguration.kubernetesVersion %q is not an exact vMAJOR.MINOR.PATCH release", f.Pin)
+		return refuse(InvalidPin, "clusterConfiguration.kubernetesVersion (%s) is not an exact vMAJOR.MINOR.PATCH release", Described(f.Pin))
 	}
 	b := f.Bundled
 	if b.IsZero() {
@@ -174,7 +203,7 @@ func Decide(w version.Window, f Facts) Plan {
 			return Plan{Verdict: VerdictAct, Actions: []Action{ActionJoin}, Pin: p,
 				Message: fmt.Sprintf("join the cluster as %s at %s", f.Role, p)}
 		}
-		return refuse(InvalidRole, "role %q is not init, controlplane or worker (pin %s, image %s)", f.Role, p, b)
+		return refuse(InvalidRole, "role (%s) is not init, controlplane or worker (pin %s, image %s)", f.Role.Shown(), p, b)
 	}
 
 	n := f.Node

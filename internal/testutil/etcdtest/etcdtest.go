@@ -320,7 +320,6 @@ func StartBinaryOn(t testing.TB, node *testutil.Node, bin, image string, clientP
 	}
 }
 
-
 // Pause freezes a binary member (SIGSTOP): it accepts connections and never answers.
 func (e *Etcd) Pause() { e.signal(syscall.SIGSTOP) }
 
