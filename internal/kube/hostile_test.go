@@ -504,4 +504,13 @@ func TestWarningsArePrintedEscaped(t *testing.T) {
 	if strings.ContainsRune(got, '\u202e') || !strings.Contains(got, `Warning: deprecated \u202emoc.live`) {
 		t.Fatalf("printed %q", got)
 	}
+	// The same warning again (a gate polling) is not printed again.
+	again := captureStderr(t, func() {
+		if _, err := c.Node(context.Background(), "n1"); err != nil {
+			t.Error(err)
+		}
+	})
+	if strings.Contains(again, "Warning:") {
+		t.Fatalf("printed again: %q", again)
+	}
 }

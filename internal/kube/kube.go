@@ -30,6 +30,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -237,8 +238,14 @@ func shown(name string) string {
 }
 
 // warnings prints an apiserver's Warning headers escaped and bounded, to
-// w (nil: the process's stderr).
+// w (nil: the process's stderr), each text once per process (a gate that
+// polls would print the same deprecation every few seconds).
 type warnings struct{ w io.Writer }
+
+var warned = struct {
+	sync.Mutex
+	seen map[string]bool
+}{seen: map[string]bool{}}
 
 func (h warnings) HandleWarningHeaderWithContext(_ context.Context, code int, _ string, text string) {
 	if code != 299 || text == "" {
@@ -246,6 +253,15 @@ func (h warnings) HandleWarningHeaderWithContext(_ context.Context, code int, _ 
 	}
 	if len(text) > 512 {
 		text = text[:512] + "..."
+	}
+	warned.Lock()
+	seen := warned.seen[text]
+	if !seen && len(warned.seen) < 64 {
+		warned.seen[text] = true
+	}
+	warned.Unlock()
+	if seen {
+		return
 	}
 	w := h.w
 	if w == nil {
