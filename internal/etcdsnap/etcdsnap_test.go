@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -219,18 +221,25 @@ func TestTakenVerifiedSealedAndRestorable(t *testing.T) {
 		t.Fatalf("command %+v", c)
 	}
 	for _, a := range []string{"--endpoints=" + f.etcd.ClientURL, "--cert=" + f.node.Path(etcdtest.HCCert), "--key=" + f.node.Path(etcdtest.HCKey),
-		"--cacert=" + f.node.Path(etcdtest.CACert), "snapshot", "save", f.node.Path(want) + ".part"} {
+		"--cacert=" + f.node.Path(etcdtest.CACert), "snapshot", "save"} {
 		if !strings.Contains(" "+strings.Join(c.Args, " ")+" ", " "+a+" ") {
 			t.Fatalf("etcdctl args %q lack %q", c.Args, a)
 		}
+	}
+	// The snapshot is written through the backup directory the provider
+	// holds open and checked (this process's descriptor of it), never
+	// through its name.
+	last := c.Args[len(c.Args)-1]
+	if !regexp.MustCompile(`^/proc/` + strconv.Itoa(os.Getpid()) + `/fd/[0-9]+/` + regexp.QuoteMeta(path.Base(want)) + `\.part$`).MatchString(last) {
+		t.Fatalf("etcdctl writes %q, want %s.part through the held directory", last, path.Base(want))
 	}
 	// etcdutl reads the very file descriptor the provider opened and checked.
 	u := f.run.cmds[1]
 	if u.String() != "/usr/bin/etcdutl snapshot status /proc/self/fd/0 -w json" || len(u.Env) != 0 || u.Timeout <= 0 || u.Timeout > 60*time.Second {
 		t.Fatalf("etcdutl command %+v", u)
 	}
-	if in, ok := u.Stdin.(*os.File); !ok || in.Name() != f.node.Path(want)+".part" {
-		t.Fatalf("etcdutl stdin %#v, want the opened .part file", u.Stdin)
+	if in, ok := u.Stdin.(*os.File); !ok || in.Name() != last {
+		t.Fatalf("etcdutl stdin %#v, want the .part file etcdctl wrote, opened through the held directory", u.Stdin)
 	}
 	restoreAndRead(t, f.node.Path(want), "/registry/secrets/default/s", 300, 200)
 }
