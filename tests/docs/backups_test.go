@@ -67,7 +67,7 @@ func TestBackupsPage(t *testing.T) {
 		}
 		logLines(t, out, example(t, p, "provider-kubernetes etcd-snapshot --target v1.37.2"))
 		n.docOK(p, "grep 'etcd-snapshot outcome='", "msg=etcd-snapshot outcome=skipped-encryption-unconfirmed target=v1.37.2")
-		n.docOK(p, "grep 'msg=etcd-version-warning '", `members="cp1=3.6.8"`, "minimum=3.6.11", "target=v1.37.2")
+		n.docOK(p, "grep 'msg=etcd-version-warning '", `members="cp1\x3d3.6.8"`, "minimum=3.6.11", "target=v1.37.2")
 
 		// kubeadm's copies from the two earlier upgrades of this node.
 		old, newer := "kubeadm-backup-etcd-2026-10-02-09-14-51", "kubeadm-backup-etcd-2026-11-29-11-02-13"
