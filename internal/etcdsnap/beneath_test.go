@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -114,19 +113,8 @@ func TestBackupDirSwappedDuringTheSaveNeverCounts(t *testing.T) {
 // is refused as a mount point; nothing under it is removed. The test
 // re-runs itself in a private mount namespace.
 func TestMountPointAtASnapshotNameIsNotEmptied(t *testing.T) {
-	if os.Getenv("ETCDSNAP_IN_MOUNTNS") == "" {
-		testutil.RequireRoot(t)
-		cmd := testutil.Command(t, 5*time.Minute, os.Args[0], "-test.run=^TestMountPointAtASnapshotNameIsNotEmptied$", "-test.v", "-test.count=1", "-test.short")
-		cmd.Env = append(os.Environ(), "ETCDSNAP_IN_MOUNTNS=1")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestMountPointAtASnapshotNameIsNotEmptied") {
-			t.Fatalf("child: %v\n%s", err, out)
-		}
+	if !testutil.InPrivateMountNamespace(t) {
 		return
-	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		t.Fatalf("make the mounts private: %v", err)
 	}
 	f, tools := fakeToolsFixture(t)
 	dir := f.node.Path(paths.EtcdBackupDir)

@@ -4,10 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -21,19 +18,8 @@ import (
 // under it is removed. The test re-runs itself in a private mount
 // namespace.
 func TestRemoveNeverEmptiesAMountPoint(t *testing.T) {
-	if os.Getenv("KUBEADMBACKUP_IN_MOUNTNS") == "" {
-		testutil.RequireRoot(t)
-		cmd := testutil.Command(t, 2*time.Minute, os.Args[0], "-test.run=^TestRemoveNeverEmptiesAMountPoint$", "-test.v", "-test.count=1", "-test.short")
-		cmd.Env = append(os.Environ(), "KUBEADMBACKUP_IN_MOUNTNS=1")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestRemoveNeverEmptiesAMountPoint") {
-			t.Fatalf("child: %v\n%s", err, out)
-		}
+	if !testutil.InPrivateMountNamespace(t) {
 		return
-	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		t.Fatalf("make the mounts private: %v", err)
 	}
 	for _, inside := range []string{"", "member/snap"} {
 		root := t.TempDir()
