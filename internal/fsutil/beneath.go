@@ -21,6 +21,12 @@ var ErrSymlink = errors.New("symlink not followed")
 // planted link in any component fails with ErrSymlink (wrapped) instead of
 // leading elsewhere. root itself is opened as given (the operator chose it).
 func OpenDirNoFollow(root, rel string) (*os.File, error) {
+	return walkBeneath(root, rel, false, 0)
+}
+
+// walkBeneath opens rel under root one component at a time, each with
+// O_NOFOLLOW|O_DIRECTORY, creating a missing one with mode when create.
+func walkBeneath(root, rel string, create bool, mode os.FileMode) (*os.File, error) {
 	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: root, Err: err}
@@ -36,6 +42,11 @@ func OpenDirNoFollow(root, rel string) (*os.File, error) {
 		}
 		walked += "/" + c
 		next, err := unix.Openat(fd, c, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if create && errors.Is(err, unix.ENOENT) {
+			if err = unix.Mkdirat(fd, c, uint32(mode.Perm())); err == nil || errors.Is(err, unix.EEXIST) {
+				next, err = unix.Openat(fd, c, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			}
+		}
 		if err != nil {
 			perr := pathErr(fd, c, walked, err)
 			unix.Close(fd)
@@ -75,35 +86,7 @@ func pathErr(dirfd int, name, walked string, err error) error {
 // through the handle lands in the directory that was checked, whatever
 // happens to the names meanwhile.
 func MkdirAllBeneath(root, rel string, mode os.FileMode) (*os.File, error) {
-	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: root, Err: err}
-	}
-	walked := ""
-	for _, c := range strings.Split(strings.Trim(rel, "/"), "/") {
-		if c == "" || c == "." {
-			continue
-		}
-		if c == ".." {
-			unix.Close(fd)
-			return nil, fmt.Errorf("%s: %q is not a clean path", root, rel)
-		}
-		walked += "/" + c
-		next, err := unix.Openat(fd, c, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if errors.Is(err, unix.ENOENT) {
-			if err = unix.Mkdirat(fd, c, uint32(mode.Perm())); err == nil || errors.Is(err, unix.EEXIST) {
-				next, err = unix.Openat(fd, c, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			}
-		}
-		if err != nil {
-			perr := pathErr(fd, c, walked, err)
-			unix.Close(fd)
-			return nil, perr
-		}
-		unix.Close(fd)
-		fd = next
-	}
-	return os.NewFile(uintptr(fd), walked), nil
+	return walkBeneath(root, rel, true, mode)
 }
 
 // ReadDirAt lists the directory held by dir (not its name, which may have
