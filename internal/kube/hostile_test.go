@@ -292,7 +292,7 @@ func TestCredentialPluginIsBounded(t *testing.T) {
 				t.Errorf("stderr %q", stderr)
 			}
 			if tc.name == "hangs with a child" {
-				if !strings.Contains(stderr, "ran past its bound of 2s") || strings.ContainsRune(stderr, '\033') || !strings.Contains(stderr, `\u001b]0;title\u0007`) {
+				if !strings.Contains(stderr, "ran past its bound of 2s") || strings.ContainsRune(stderr, '\033') || !strings.Contains(stderr, `\x1b]0;title\x07`) {
 					t.Errorf("stderr %q: want the bound named and the escape sequence escaped", stderr)
 				}
 				b, _ := os.ReadFile(child)
@@ -501,7 +501,7 @@ func TestWarningsArePrintedEscaped(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	if strings.ContainsRune(got, '\u202e') || !strings.Contains(got, `Warning: deprecated \u202emoc.live`) {
+	if strings.ContainsRune(got, '\u202e') || !strings.Contains(got, `Warning: deprecated \u{202e}moc.live`) {
 		t.Fatalf("printed %q", got)
 	}
 	// The same warning again (a gate polling) is not printed again.

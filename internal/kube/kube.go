@@ -45,6 +45,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
@@ -267,7 +268,7 @@ func (h warnings) HandleWarningHeaderWithContext(_ context.Context, code int, _ 
 	if w == nil {
 		w = os.Stderr
 	}
-	fmt.Fprintln(w, "Warning: "+escapeText(text))
+	fmt.Fprintln(w, "Warning: "+status.Printable(text))
 }
 
 // At is a client for the apiserver at addr ("host:port") with the same
@@ -532,7 +533,7 @@ func (c *Client) Readyz(ctx context.Context) error {
 		if len(body) > 2048 {
 			body = body[:2048]
 		}
-		return fmt.Errorf("/readyz via %s: %w (%s)", c.Kubeconfig, err, escapeText(string(body)))
+		return fmt.Errorf("/readyz via %s: %w (%s)", c.Kubeconfig, err, status.Printable(string(body)))
 	}
 	return nil
 }

@@ -8,13 +8,12 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"strings"
 	"syscall"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kairos-io/provider-kubernetes/internal/status"
 )
 
 // A kubeconfig's credential plugin is run by client-go's exec
@@ -82,7 +81,7 @@ func RunPluginBound(ctx context.Context, args []string, stdin io.Reader, stdout,
 	cmd.Stdout, cmd.Stderr = out, errOut
 	runErr := cmd.Run()
 	if errOut.buf.Len() > 0 {
-		fmt.Fprintln(stderr, "credential plugin "+describePath(name)+" said: "+escapeText(errOut.buf.String()))
+		fmt.Fprintln(stderr, "credential plugin "+describePath(name)+" said: "+status.Printable(errOut.buf.String()))
 	}
 	switch {
 	case out.exceeded:
@@ -99,7 +98,7 @@ func RunPluginBound(ctx context.Context, args []string, stdin io.Reader, stdout,
 		if errors.Is(runErr, exec.ErrNotFound) || errors.Is(runErr, os.ErrNotExist) {
 			fmt.Fprintf(stderr, "credential plugin %s: not found\n", describePath(name))
 		} else {
-			fmt.Fprintf(stderr, "credential plugin %s: %s\n", describePath(name), escapeText(runErr.Error()))
+			fmt.Fprintf(stderr, "credential plugin %s: %s\n", describePath(name), status.Printable(runErr.Error()))
 		}
 		return 1
 	}
@@ -128,27 +127,4 @@ func (c *capped) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	return c.buf.Write(p)
-}
-
-// escapeText makes text from a peer safe to print on one line: control,
-// format and invalid bytes are shown as escapes, never sent to a terminal.
-func escapeText(s string) string {
-	var b strings.Builder
-	for len(s) > 0 {
-		r, n := utf8.DecodeRuneInString(s)
-		switch {
-		case r == utf8.RuneError && n <= 1:
-			fmt.Fprintf(&b, `\x%02x`, s[0])
-		case r == '\n':
-			b.WriteString(" | ")
-		case r == '\\':
-			b.WriteString(`\\`)
-		case unicode.IsControl(r) || unicode.Is(unicode.Cf, r):
-			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			b.WriteRune(r)
-		}
-		s = s[n:]
-	}
-	return strings.TrimSuffix(strings.TrimSpace(b.String()), " |")
 }
