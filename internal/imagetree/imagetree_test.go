@@ -521,9 +521,45 @@ func TestEarthfileTakesVersionsFromManifest(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"go run ./cmd/mktree -minor", "go run ./cmd/mktree -list", "SAVE IMAGE --push $REGISTRY:$TAG"} {
+	for _, want := range []string{"go run ./cmd/mktree -minor", "go run ./cmd/mktree -list", "SAVE IMAGE --push $REGISTRY:$TAG",
+		"-node-files /out/node", "COPY (+tree/node"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("the Earthfile lacks %q", want)
 		}
+	}
+}
+
+// The Earthfile's node base installs exactly images.NodePackages, the list
+// the Kairos base of `make image` and the end-to-end nodes install.
+func TestEarthfileInstallsNodePackages(t *testing.T) {
+	src, err := FindSourceDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(src, "earthly", "Earthfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := strings.ReplaceAll(string(b), "\\\n", " ")
+	const cmd = "apt-get install -y --no-install-recommends"
+	var got []string
+	n := 0
+	for _, line := range strings.Split(joined, "\n") {
+		_, rest, ok := strings.Cut(line, cmd)
+		if !ok {
+			continue
+		}
+		n++
+		rest, _, _ = strings.Cut(rest, "&&")
+		got = append(got, strings.Fields(rest)...)
+	}
+	if n != 1 {
+		t.Fatalf("earthly/Earthfile has %d %q commands, want 1", n, cmd)
+	}
+	want := append([]string(nil), images.NodePackages...)
+	sort.Strings(got)
+	sort.Strings(want)
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("earthly/Earthfile installs\n  %v\nimages.NodePackages is\n  %v", got, want)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
 )
@@ -36,15 +37,10 @@ const Suite = "bookworm"
 // PROVIDER_KUBERNETES_E2E_MIRROR overrides it.
 const DefaultMirror = "http://deb.debian.org/debian"
 
-// BasePackages are installed on top of debootstrap's minbase: systemd as
-// PID 1, containerd and runc from Debian, the tools kubeadm's preflight and
-// kube-proxy look for, the CNI plugins (to /usr/lib/cni), ping and ps for
-// diagnosis.
-var BasePackages = []string{
-	"systemd", "systemd-sysv", "dbus", "iproute2", "containerd", "runc", "iptables",
-	"conntrack", "ethtool", "socat", "ebtables", "kmod", "ca-certificates",
-	"containernetworking-plugins", "iputils-ping", "procps",
-}
+// BasePackages are installed on top of debootstrap's minbase: the node's
+// packages (images.NodePackages, the same list the Kairos image installs),
+// then ping and ps for diagnosis.
+var BasePackages = append(append([]string(nil), images.NodePackages...), "iputils-ping", "procps")
 
 // rootfsFormat changes whenever the way the rootfs is built changes, so a
 // cached rootfs of an older builder is not reused.
