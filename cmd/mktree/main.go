@@ -17,6 +17,7 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/imagetree"
+	"github.com/kairos-io/provider-kubernetes/internal/kairosimage"
 )
 
 func main() {
@@ -27,11 +28,23 @@ func main() {
 	noImages := flag.Bool("no-images", false, "leave out the control-plane images and their lock file")
 	ver := flag.String("version", "dev", "version stamped into the provider binary")
 	verify := flag.Bool("verify", true, "run systemd-analyze verify on the units inside the tree")
+	nodeFiles := flag.String("node-files", "", "with -minor: write the node files of that minor (system.NodeFiles: containerd config, modules, sysctls, CNI links) into this new directory, laid out as on the node, and exit")
 	list := flag.Bool("list", false, "print <minor> <kubernetes> <image tag> <pause tag> per line of images/versions.yaml and exit")
 	flag.Parse()
 	if *list {
 		for _, e := range images.Get().Minors {
 			fmt.Printf("%s %s %s %s\n", e.Minor, e.Kubernetes, e.ImageTag, e.Pause)
+		}
+		return
+	}
+	if *nodeFiles != "" {
+		e, err := imagetree.Entry(*minor)
+		if err == nil {
+			err = kairosimage.WriteNodeFiles(*nodeFiles, e.Pause)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "mktree: node files: %v\n", err)
+			os.Exit(1)
 		}
 		return
 	}
