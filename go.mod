@@ -3,6 +3,7 @@ module github.com/kairos-io/provider-kubernetes
 go 1.26.8
 
 require (
+	github.com/google/go-containerregistry v0.21.9
 	github.com/kairos-io/kairos-sdk v0.25.3
 	github.com/mudler/yip v1.25.1
 	github.com/twpayne/go-vfs/v5 v5.0.5
@@ -14,16 +15,23 @@ require (
 )
 
 require (
+	github.com/docker/cli v29.6.2+incompatible // indirect
+	github.com/docker/docker-credential-helpers v0.9.3 // indirect
 	github.com/godbus/dbus/v5 v5.1.0 // indirect
 	github.com/google/shlex v0.0.0-20191202100458-e7afc7fbc510 // indirect
 	github.com/hashicorp/errwrap v1.1.0 // indirect
 	github.com/hashicorp/go-multierror v1.1.1 // indirect
 	github.com/itchyny/gojq v0.12.19 // indirect
 	github.com/itchyny/timefmt-go v0.1.8 // indirect
+	github.com/klauspost/compress v1.19.1 // indirect
 	github.com/mattn/go-colorable v0.1.14 // indirect
 	github.com/mattn/go-isatty v0.0.20 // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/rs/zerolog v1.35.1 // indirect
 	github.com/twpayne/go-vfs/v4 v4.3.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	gotest.tools/v3 v3.5.2 // indirect
 )
 
 require (

@@ -82,7 +82,7 @@ func cached(out, what string, log io.Writer, build func() error) error {
 	if ok(out) {
 		return nil
 	}
-	unlock, err := lock(filepath.Join(CacheDir(), "build.lock"))
+	unlock, err := Lock(filepath.Join(CacheDir(), "build.lock"))
 	if err != nil {
 		return err
 	}
@@ -170,7 +170,9 @@ func ok(p string) bool {
 	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
 }
 
-func lock(p string) (func(), error) {
+// Lock takes an exclusive lock on the file p (created when missing) and
+// returns its release: builds that share a cache directory take turns.
+func Lock(p string) (func(), error) {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return nil, err
 	}
