@@ -21,8 +21,10 @@ preview: build
 
 # Every test, including the ones that build and run a real kubeadm (cached
 # by version in $${PROVIDER_KUBERNETES_CACHE:-~/.cache/provider-kubernetes}).
+# The end-to-end suite and the Kairos VM test take turns (testutil.Heavy),
+# so one test binary may wait for the other: -timeout covers both.
 test: fmt-check vet prebuild
-	$(GO) test -count=1 -timeout 85m ./...
+	$(GO) test -count=1 -timeout 150m ./...
 	@echo "--- the simulated crash matrix (in memory: a cancelled command, not a kill; the real kills are TestHAUpgrade's)"
 	@$(GO) test -count=1 -v -run 'TestSimulatedCrashMatrix$$' ./internal/reconcile | sed -n '/simulated crash matrix/,/^--- PASS/p'
 

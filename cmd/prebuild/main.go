@@ -21,6 +21,7 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/imagetree"
+	"github.com/kairos-io/provider-kubernetes/internal/kairosimage"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
 	"github.com/kairos-io/provider-kubernetes/tests/e2e/harness"
 )
@@ -81,6 +82,14 @@ func run(ctx context.Context, minors string, e2eBase bool, out io.Writer) error 
 		_, err := testbin.KairosAgent(ctx, log)
 		return err
 	}})
+	if os.Geteuid() == 0 {
+		steps = append(steps, step{what: "the Kairos base (debootstrap " + kairosimage.Suite + ", kairos-init " + testbin.KairosInitVersion + "; the Kairos VM test's images)", build: func(ctx context.Context, log io.Writer) error {
+			_, err := kairosimage.EnsureBase(ctx, kairosimage.Options{Log: log})
+			return err
+		}})
+	} else {
+		fmt.Fprintf(out, "prebuild: the Kairos base is not built: it needs root (chroot, mount namespaces)\n")
+	}
 	if e2eBase {
 		if _, err := harness.Check(); err != nil {
 			fmt.Fprintf(out, "prebuild: the end-to-end nodes' Debian base is not built: %v\n", err)
