@@ -22,6 +22,9 @@ var pageTests = map[string]string{
 	// The lead's, with the end-to-end restore and rejoin scenarios.
 	"rollback-and-restore.md": "tests/e2e",
 	"reset-and-rejoin.md":     "tests/e2e",
+	// The Kairos VM test builds, pushes and installs the image with the
+	// page's commands and config.
+	"install.md": "tests/kairosvm TestKairosNode",
 }
 
 // Every page parses, and every page with a local command has a test that

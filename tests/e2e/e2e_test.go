@@ -21,6 +21,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil/kairos"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 	"github.com/kairos-io/provider-kubernetes/tests/e2e/harness"
@@ -91,7 +92,15 @@ func osTrees(t testing.TB, minors ...string) map[string]string {
 }
 
 func TestMain(m *testing.M) {
+	// The Kairos VM test (tests/kairosvm) and this suite take turns: both
+	// keep the two cores busy with budgets of their own.
+	release, err := testutil.Heavy()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: the heavy-test lock: %v\n", err)
+		os.Exit(1)
+	}
 	code := m.Run()
+	release()
 	if treesDir != "" {
 		os.RemoveAll(treesDir)
 	}

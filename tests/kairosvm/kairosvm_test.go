@@ -1,0 +1,822 @@
+// Package kairosvm proves the per-minor image on a real Kairos node: the
+// image built by `make image` (docs/install.md), pushed with the page's
+// `crane push` to a registry on 127.0.0.1, installed by the real
+// `kairos-agent install` from live media in a QEMU guest (TCG), booted
+// through grub and immucore, upgraded to the next minor with
+// upgrade.md's `kairos-agent upgrade --source oci:…` and rebooted, then
+// booted into the previous (passive) image on purpose. On every boot a
+// probe reports what the node did on a second serial port: what the
+// provider's pass decided, which paths survived, which images containerd
+// holds.
+//
+// What is real: the image (Kairos base from Debian with kairos-init,
+// kairos-agent, immucore, the tree the end-to-end nodes boot), the
+// install, grub, immucore's A/B images and persistent bind mounts, the
+// provider's units under systemd, kairos-agent's upgrade and boot entry
+// selection, containerd. What is not: the registry is go-containerregistry's
+// on 127.0.0.1 (the guest reaches it through QEMU's user network, a socat
+// per connection), and the pin is v1.37.0, which neither image bundles, so
+// no boot runs kubeadm (a control plane under TCG is measured apart; the
+// kubeadm paths are proven in tests/e2e).
+package kairosvm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/imagetree"
+	"github.com/kairos-io/provider-kubernetes/internal/kairosimage"
+	"github.com/kairos-io/provider-kubernetes/internal/testbin"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/docs"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/vmtest"
+)
+
+// The guest's view of the host's services (QEMU user networking).
+const (
+	guestRegistry = "10.0.2.100:5000"
+	guestHTTP     = "10.0.2.100:8080"
+	guestAddr     = "10.0.2.15"
+	// pin is bundled by neither image: the 1.36 image refuses it as newer
+	// than its kubeadm (PinNewerThanImage), the 1.37 image as not its
+	// exact version (PinImageMismatch: a new node bootstraps at exactly
+	// the image's version). Both refuse before anything runs, so no boot
+	// runs kubeadm.
+	pin = "v1.37.0"
+)
+
+// persistent are the paths a kubeadm node lives on; docs/install.md says
+// each survives reboots and upgrades. ephemeral is one the page says does
+// not (/etc outside them), checked so a marker that survives everything
+// cannot pass for persistence.
+var (
+	persistent = []string{"/etc/kubernetes", "/var/lib/etcd", "/var/lib/kubelet", "/var/lib/containerd",
+		"/opt/cni", "/var/log", "/usr/local", "/oem"}
+	ephemeral = []string{"/etc/pk-test-ephemeral"}
+)
+
+// Heavy steps' budgets under TCG on 2 cores (measured ~9-10 min install,
+// ~11 min boot + upgrade, ~4-5 min a plain boot).
+const (
+	installBudget = 35 * time.Minute
+	bootBudget    = 30 * time.Minute
+)
+
+func TestKairosNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and boots a Kairos image: not in -short mode")
+	}
+	if runtime.GOARCH != "amd64" {
+		vmtest.Need(t, "the Kairos VM test needs amd64, not %s", runtime.GOARCH)
+	}
+	if os.Geteuid() != 0 {
+		vmtest.Need(t, "the Kairos VM test needs root (image build: chroot, mount namespaces)")
+	}
+	tools := map[string]string{}
+	for _, tool := range []string{"qemu-system-x86_64", "qemu-img", "mksquashfs", "xorriso", "socat", "debootstrap", "make", "unshare"} {
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			vmtest.Need(t, "%s is missing (.ci/run installs it)", tool)
+		}
+		tools[tool] = p
+	}
+	release, err := testutil.Heavy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Minute)
+	defer cancel()
+	dir := keepDir(t)
+	phase := phases{t: t}
+
+	// 1. The images, with the page's own command.
+	page, err := docs.Open("install.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	makeImage, err := page.Command("make image")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e136, e137 := entry(t, "1.36"), entry(t, "1.37")
+	img := map[string]kairosimage.ImageFile{}
+	for _, e := range []images.MinorEntry{e136, e137} {
+		cmd := strings.Replace(makeImage, "MINOR="+e136.Minor, "MINOR="+e.Minor, 1)
+		if e.Minor != e136.Minor && cmd == makeImage {
+			t.Fatalf("docs/install.md's %q does not name MINOR=%s", makeImage, e136.Minor)
+		}
+		phase.run("build the "+e.Minor+" image ("+cmd+")", func() {
+			shell(t, ctx, repoRoot(), 60*time.Minute, cmd)
+		})
+		img[e.Minor] = readImageFile(t, filepath.Join(repoRoot(), "build", "image-"+e.Minor))
+	}
+	base, err := kairosimage.EnsureBase(ctx, kairosimage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// 2. A registry on 127.0.0.1 and the page's crane push.
+	regAddr := serveRegistry(t)
+	crane, err := testbin.GoBinary(ctx, "github.com/google/go-containerregistry", "v0.21.9",
+		"github.com/google/go-containerregistry/cmd/crane", "crane", "", testLog{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	push, err := page.Command("crane push")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []images.MinorEntry{e136, e137} {
+		cmd := strings.ReplaceAll(push, e136.Minor, e.Minor)
+		cmd = strings.Replace(cmd, "<registry>", regAddr, 1)
+		cmd = strings.Replace(cmd, "crane ", crane+" ", 1)
+		phase.run("push the "+e.Minor+" image", func() { shell(t, ctx, repoRoot(), 10*time.Minute, cmd) })
+		ref, err := name.ParseReference(regAddr+"/provider-kubernetes:"+e.ImageTag, name.Insecure)
+		if err != nil {
+			t.Fatal(err)
+		}
+		desc, err := remote.Head(ref, remote.WithContext(ctx))
+		if err != nil {
+			t.Fatalf("the pushed %s: %v", ref, err)
+		}
+		if desc.Digest.String() != img[e.Minor].Digest {
+			t.Fatalf("the registry holds %s at %s, make image built %s", desc.Digest, ref, img[e.Minor].Digest)
+		}
+	}
+
+	// 3. The install config, from the page.
+	cfg := installConfig(t, page, e136)
+	httpAddr := serveFiles(t, map[string][]byte{"/install.yaml": cfg})
+	fwd := forwarders(t, dir, map[string]string{guestRegistry: regAddr, guestHTTP: httpAddr})
+
+	// 4. Install from live media (cached by the base, the image and the config).
+	sum := sha256.Sum256([]byte(base.Key + "\n" + img[e136.Minor].Digest + "\n" + string(cfg)))
+	disk := filepath.Join(testbin.CacheDir(), "kairos", "disk-"+hex.EncodeToString(sum[:8])+".raw")
+	if _, err := os.Stat(disk); err != nil {
+		iso := liveISO(t, ctx, base, tools, &phase)
+		for _, old := range glob(filepath.Join(testbin.CacheDir(), "kairos", "disk-*.raw")) {
+			os.Remove(old) // an older install: up to 20 GB sparse
+		}
+		part := disk + ".part"
+		if err := os.WriteFile(part, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(part, 20<<30); err != nil {
+			t.Fatal(err)
+		}
+		phase.run("install from live media (kairos-agent install)", func() {
+			console := runVM(t, ctx, dir, "install", installBudget, []string{
+				"-kernel", base.Kernel, "-initrd", base.Initrd,
+				"-append", "cdroot root=live:CDLABEL=COS_LIVE rd.live.overlay.overlayfs=1 rd.live.dir=/ rd.live.squashimg=rootfs.squashfs " +
+					"console=ttyS0,115200 rd.cos.disable net.ifnames=1 systemd.journald.forward_to_console=1 " +
+					"install-mode config_url=http://" + guestHTTP + "/install.yaml",
+				"-drive", "file=" + iso + ",media=cdrom,readonly=on",
+				"-drive", "file=" + part + ",if=virtio,format=raw",
+			}, fwd, []string{"kairos-installer.service: Failed", "Kernel panic", "emergency mode"})
+			if !strings.Contains(console, "Powering off node in") {
+				t.Fatalf("the install did not end with kairos-agent powering off: %s", vmtest.Tail(console, 40))
+			}
+		})
+		if err := os.Rename(part, disk); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		t.Logf("the installed disk is cached: %s", disk)
+	}
+
+	// 5. Three boots of a copy-on-write disk over the installed one.
+	overlay := filepath.Join(dir, "node.qcow2")
+	if out, err := exec.CommandContext(ctx, tools["qemu-img"], "create", "-q", "-f", "qcow2", "-F", "raw", "-b", disk, overlay).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img create: %v: %s", err, out)
+	}
+	upPage, err := docs.Open("upgrade.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	upgrade, err := upPage.E2ECommand("kairos-agent upgrade --source oci:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The page's registry is ghcr.io/kairos-io; this one is plain HTTP.
+	upgrade = strings.Replace(upgrade, "oci:ghcr.io/kairos-io/", "oci:"+guestRegistry+"/", 1)
+	if !strings.Contains(upgrade, guestRegistry+"/provider-kubernetes:"+e137.ImageTag) {
+		t.Fatalf("upgrade.md's %q does not install the %s image", upgrade, e137.Minor)
+	}
+	upgrade += " --allow-insecure-registries"
+
+	boots := []struct {
+		name, action, mode string
+		e                  images.MinorEntry
+		refusal            string
+	}{
+		{"boot 1: the installed 1.36 image", upgrade, "active", e136, "PinNewerThanImage"},
+		{"boot 2: the upgraded 1.37 image", "kairos-agent bootentry --select fallback", "active", e137, "PinImageMismatch"},
+		{"boot 3: the previous image on purpose (passive)", "", "passive", e136, "PinNewerThanImage"},
+	}
+	markers := map[string]map[string]bool{}
+	for i, b := range boots {
+		var rep report
+		phase.run(b.name, func() {
+			iso := stepISO(t, ctx, dir, tools, i+1, b.action, i == 0)
+			console := runVM(t, ctx, dir, fmt.Sprintf("boot%d", i+1), bootBudget, []string{
+				"-drive", "file=" + overlay + ",if=virtio,format=qcow2",
+				"-drive", "file=" + iso + ",media=cdrom,readonly=on",
+			}, fwd, []string{"Kernel panic", "You are in emergency mode"})
+			rep = readReport(t, filepath.Join(dir, fmt.Sprintf("boot%d.report", i+1)), console)
+		})
+		checkBoot(t, b.name, rep, b.mode, b.e, b.refusal)
+		markers[b.name] = rep.markers(t)
+		if b.action != "" {
+			rc := strings.TrimSpace(rep.blob(t, "action-rc"))
+			if rc != "0" {
+				t.Fatalf("%s: %q exited %s: %s", b.name, b.action, rc, rep.blob(t, "action"))
+			}
+		}
+	}
+
+	// 6. Persistence, as measured.
+	t.Logf("persistence on the real layout (marker written on boot 1, before the upgrade):")
+	t.Logf("  %-24s %-26s %s", "path", "boot 2 (after A/B upgrade)", "boot 3 (passive image)")
+	for _, p := range append(append([]string(nil), persistent...), ephemeral...) {
+		b2, b3 := markers[boots[1].name][p], markers[boots[2].name][p]
+		t.Logf("  %-24s %-26s %s", p, kept(b2), kept(b3))
+		want := !contains(ephemeral, p)
+		if b2 != want || b3 != want {
+			t.Errorf("%s: kept after the upgrade %v, on the passive image %v; docs/install.md says %s", p, b2, b3, map[bool]string{true: "it persists", false: "it does not"}[want])
+		}
+	}
+	if markers[boots[0].name] != nil {
+		for p, ok := range markers[boots[0].name] {
+			if ok {
+				t.Errorf("boot 1 found a marker at %s before writing it: the check proves nothing", p)
+			}
+		}
+	}
+	phase.summary()
+}
+
+// checkBoot asserts what one boot's probe reported.
+func checkBoot(t *testing.T, what string, rep report, mode string, e images.MinorEntry, refusal string) {
+	t.Helper()
+	// Kairos booted the expected slot through immucore.
+	if got := strings.TrimSpace(rep.blob(t, "mode")); got != mode {
+		t.Errorf("%s: booted %q, want %s (/run/cos/*_mode)", what, got, mode)
+	}
+	rel := parseEnv(rep.blob(t, "kairos-release"))
+	if rel["KAIROS_SOFTWARE_VERSION"] != e.Kubernetes || rel["KAIROS_SOFTWARE_VERSION_PREFIX"] != "k8s" {
+		t.Errorf("%s: /etc/kairos-release has KAIROS_SOFTWARE_VERSION_PREFIX=%q KAIROS_SOFTWARE_VERSION=%q, want k8s %s",
+			what, rel["KAIROS_SOFTWARE_VERSION_PREFIX"], rel["KAIROS_SOFTWARE_VERSION"], e.Kubernetes)
+	}
+	// The pass: the same decision as `plan`, on the bundled kubeadm.
+	var st struct{ Phase, Refusal, Bundled, Pin string }
+	if err := json.Unmarshal([]byte(rep.blob(t, "status")), &st); err != nil {
+		t.Fatalf("%s: status -o json: %v: %s", what, err, rep.blob(t, "status"))
+	}
+	var pl struct {
+		Verdict, Refusal string
+		Actions          []any
+	}
+	if err := json.Unmarshal([]byte(rep.blob(t, "plan")), &pl); err != nil {
+		t.Fatalf("%s: plan -o json: %v: %s", what, err, rep.blob(t, "plan"))
+	}
+	if st.Bundled != e.Kubernetes || st.Pin != pin {
+		t.Errorf("%s: the pass saw bundled %q and pin %q, want %s and %s", what, st.Bundled, st.Pin, e.Kubernetes, pin)
+	}
+	if st.Refusal != refusal || pl.Refusal != st.Refusal {
+		t.Errorf("%s: the pass refused %q, plan says %q, want %q", what, st.Refusal, pl.Refusal, refusal)
+	}
+	if len(pl.Actions) != 0 || pl.Verdict != "refuse" {
+		t.Errorf("%s: plan's verdict %q with actions %v, want a refusal before anything runs", what, pl.Verdict, pl.Actions)
+	}
+	t.Logf("%s: mode %s, bundled %s, phase %s, refusal %q (plan: %s %q)", what, mode, st.Bundled, st.Phase, st.Refusal, pl.Verdict, pl.Refusal)
+	// The pass ran once, after Kairos's boot stage.
+	inv := map[string]bool{}
+	sc := bufio.NewScanner(strings.NewReader(rep.blob(t, "reconcile-journal")))
+	for sc.Scan() {
+		var j map[string]any
+		if json.Unmarshal(sc.Bytes(), &j) != nil {
+			continue
+		}
+		for _, k := range []string{"INVOCATION_ID", "_SYSTEMD_INVOCATION_ID"} {
+			if s, ok := j[k].(string); ok && s != "" {
+				inv[s] = true
+			}
+		}
+	}
+	if len(inv) != 1 {
+		t.Errorf("%s: provider-kubernetes-reconcile.service ran %d times this boot, want once", what, len(inv))
+	}
+	bootEnd := parseEnv(rep.blob(t, "unit-boot"))["ExecMainExitTimestampMonotonic"]
+	recStart := parseEnv(rep.blob(t, "unit-reconcile"))["ExecMainStartTimestampMonotonic"]
+	be, err1 := strconv.ParseUint(bootEnd, 10, 64)
+	rs, err2 := strconv.ParseUint(recStart, 10, 64)
+	if err1 != nil || err2 != nil || be == 0 || rs < be {
+		t.Errorf("%s: reconcile started at %q µs, cos-setup-boot ended at %q µs: the pass must run after Kairos's boot stage", what, recStart, bootEnd)
+	}
+	// Every bundled image is in containerd's k8s.io namespace.
+	held := rep.blob(t, "images")
+	for n, ref := range imagetree.Refs(e) {
+		if !strings.Contains(held, ref) {
+			t.Errorf("%s: containerd lacks the bundled %s image %s (has: %s)", what, n, ref, held)
+		}
+	}
+	// The node files: forwarding, bridge netfilter, CNI plugins where containerd looks.
+	nf := parseEnv(rep.blob(t, "node"))
+	if nf["ip_forward"] != "1" || nf["br_netfilter"] != "yes" || nf["cni_bridge"] != "yes" {
+		t.Errorf("%s: node files not in effect: %v", what, nf)
+	}
+}
+
+// installConfig is the page's install config with its placeholders filled
+// for this guest, the pin set to `pin`, a plain-HTTP registry allowed, the
+// console on the serial port, and the probe's launcher (a network-stage
+// command that runs the step medium's probe when one is attached).
+func installConfig(t *testing.T, page *docs.Page, e images.MinorEntry) []byte {
+	t.Helper()
+	raw := yamlBlock(t, filepath.Join(docs.Dir(), page.Name), "install:")
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := make([]byte, 24)
+	rand.Read(token)
+	fill := map[string]string{
+		"<registry>":            guestRegistry,
+		"<your public key>":     sshKey(pub),
+		"<this node's address>": guestAddr,
+	}
+	for k, v := range fill {
+		if !strings.Contains(raw, k) {
+			t.Fatalf("docs/install.md's install config lacks %s", k)
+		}
+		raw = strings.ReplaceAll(raw, k, v)
+	}
+	raw = regexp.MustCompile(`<the output of openssl rand -hex 24[^>]*>`).ReplaceAllString(raw, hex.EncodeToString(token))
+	raw = regexp.MustCompile(`<the control-plane endpoint[^>]*>`).ReplaceAllString(raw, guestAddr)
+	if m := regexp.MustCompile(`<[^>\n]*>`).FindString(raw); m != "" {
+		t.Fatalf("docs/install.md's install config has a placeholder the test does not fill: %s", m)
+	}
+	if n := strings.Count(raw, "kubernetesVersion: "+e.Kubernetes); n != 1 {
+		t.Fatalf("docs/install.md's install config pins kubernetesVersion: %s %d times, want once (the %s image's)", e.Kubernetes, n, e.Minor)
+	}
+	raw = strings.Replace(raw, "kubernetesVersion: "+e.Kubernetes, "kubernetesVersion: "+pin, 1)
+	var doc map[string]any
+	if err := yaml.Unmarshal([]byte(raw), &doc); err != nil {
+		t.Fatalf("docs/install.md's install config: %v", err)
+	}
+	inst, ok := doc["install"].(map[string]any)
+	if !ok || inst["source"] != "oci:"+guestRegistry+"/provider-kubernetes:"+e.ImageTag {
+		t.Fatalf("docs/install.md's install config does not install the %s image: %v", e.Minor, doc["install"])
+	}
+	inst["allow-insecure-registries"] = true
+	inst["grub_options"] = map[string]any{"extra_cmdline": "console=ttyS0,115200 systemd.journald.forward_to_console=1"}
+	doc["stages"] = map[string]any{"network": []any{map[string]any{
+		"name": "provider-kubernetes VM test: the probe of the step medium",
+		"if":   "[ -e /run/cos/active_mode ] || [ -e /run/cos/passive_mode ]",
+		"commands": []any{
+			"mkdir -p /run/pk-test && mount -o ro /dev/sr0 /run/pk-test && systemd-run --unit pk-test-probe --no-block /bin/sh /run/pk-test/probe.sh",
+		},
+	}}}
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]byte("#cloud-config\n"), out...)
+}
+
+// probe runs in the guest (a transient unit started from the network
+// stage) once the boot has finished: it reports on the second serial port,
+// one "PKB <name> <base64>" line per item, does the step's action, and
+// ends with "PK done". Boot 1 writes the persistence markers.
+const probe = `#!/bin/sh
+R=/dev/ttyS1
+S=/run/pk-test
+blob() { n=$1; shift; printf 'PKB %s %s\n' "$n" "$("$@" 2>&1 | base64 -w0)" > $R; }
+echo "PK start" > $R
+timeout 1500 systemctl is-system-running --wait >/dev/null 2>&1
+blob state systemctl is-system-running
+blob mode sh -c 'for m in active passive recovery; do [ -e /run/cos/${m}_mode ] && echo $m; done'
+blob kairos-release cat /etc/kairos-release
+blob status provider-kubernetes status -o json
+blob plan provider-kubernetes plan -o json
+blob reconcile-journal journalctl -b -u provider-kubernetes-reconcile.service -o json --output-fields=INVOCATION_ID,_SYSTEMD_INVOCATION_ID,MESSAGE
+blob reconcile-log sh -c 'tail -n 20 /var/log/provider-kubernetes-reconcile.log'
+blob unit-boot systemctl show -p ExecMainStartTimestampMonotonic,ExecMainExitTimestampMonotonic,Result cos-setup-boot.service
+blob unit-reconcile systemctl show -p ExecMainStartTimestampMonotonic,ExecMainExitTimestampMonotonic,Result provider-kubernetes-reconcile.service
+blob images ctr -n k8s.io images ls -q
+blob node sh -c 'echo ip_forward=$(cat /proc/sys/net/ipv4/ip_forward); [ -d /sys/module/br_netfilter ] && echo br_netfilter=yes; [ -x /opt/cni/bin/bridge ] && echo cni_bridge=yes'
+blob mounts findmnt -rn -o TARGET,SOURCE,FSTYPE
+blob failed systemctl --failed --no-legend
+blob markers sh -c 'for p in ` + "MARKERS" + `; do [ -f "$p/.pk-test-marker" ] && echo "$p kept" || echo "$p lost"; done'
+if [ -e $S/write-markers ]; then
+  for p in ` + "MARKERS" + `; do mkdir -p "$p" && echo marker > "$p/.pk-test-marker"; done
+  sync
+fi
+if [ -s $S/action ]; then
+  out=$(timeout 1500 sh $S/action 2>&1); rc=$?
+  printf 'PKB action %s\n' "$(printf '%s' "$out" | tail -n 40 | base64 -w0)" > $R
+  printf 'PKB action-rc %s\n' "$(echo $rc | base64 -w0)" > $R
+  sync
+  echo "PK done" > $R
+  systemctl --no-block reboot
+else
+  sync
+  echo "PK done" > $R
+  systemctl --no-block poweroff
+fi
+`
+
+// stepISO is the medium of boot n: the probe and the step's action.
+func stepISO(t *testing.T, ctx context.Context, dir string, tools map[string]string, n int, action string, writeMarkers bool) string {
+	t.Helper()
+	src := filepath.Join(dir, fmt.Sprintf("step%d", n))
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	paths := strings.Join(append(append([]string(nil), persistent...), ephemeral...), " ")
+	files := map[string]string{"probe.sh": strings.ReplaceAll(probe, "MARKERS", paths), "action": action}
+	if writeMarkers {
+		files["write-markers"] = "yes\n"
+	}
+	for f, data := range files {
+		if err := os.WriteFile(filepath.Join(src, f), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	iso := filepath.Join(dir, fmt.Sprintf("step%d.iso", n))
+	if out, err := exec.CommandContext(ctx, tools["xorriso"], "-as", "mkisofs", "-quiet", "-V", "PKSTEP", "-o", iso, src).CombinedOutput(); err != nil {
+		t.Fatalf("xorriso: %v: %s", err, out)
+	}
+	return iso
+}
+
+// liveISO is the Kairos live medium of the base: its tree as a squashfs on
+// an ISO labelled COS_LIVE (what Kairos's dracut module boots), cached by
+// the base's key.
+func liveISO(t *testing.T, ctx context.Context, base kairosimage.Base, tools map[string]string, phase *phases) string {
+	t.Helper()
+	iso := filepath.Join(testbin.CacheDir(), "kairos", "live-"+base.Key+".iso")
+	if _, err := os.Stat(iso); err == nil {
+		return iso
+	}
+	phase.run("live medium (squashfs of the base on a COS_LIVE ISO)", func() {
+		work, err := os.MkdirTemp(filepath.Dir(iso), "live-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(work)
+		if err := os.MkdirAll(filepath.Join(work, "iso"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		sq := exec.CommandContext(ctx, tools["mksquashfs"], base.Rootfs, filepath.Join(work, "iso", "rootfs.squashfs"),
+			"-comp", "zstd", "-Xcompression-level", "3", "-noappend", "-no-progress", "-quiet")
+		if out, err := sq.CombinedOutput(); err != nil {
+			t.Fatalf("mksquashfs: %v: %s", err, out)
+		}
+		for _, old := range glob(filepath.Join(filepath.Dir(iso), "live-*.iso")) {
+			os.Remove(old)
+		}
+		part := iso + ".part"
+		x := exec.CommandContext(ctx, tools["xorriso"], "-as", "mkisofs", "-quiet", "-V", "COS_LIVE", "-o", part, filepath.Join(work, "iso"))
+		if out, err := x.CombinedOutput(); err != nil {
+			t.Fatalf("xorriso: %v: %s", err, out)
+		}
+		if err := os.Rename(part, iso); err != nil {
+			t.Fatal(err)
+		}
+	})
+	return iso
+}
+
+// runVM runs one QEMU guest until it powers off (or reboots: -no-reboot),
+// bounded by budget; the first serial port is the console, the second the
+// probe's report. It fails the test on a line of failOn in the console.
+func runVM(t *testing.T, ctx context.Context, dir, name string, budget time.Duration, args []string, fwd string, failOn []string) string {
+	t.Helper()
+	console := filepath.Join(dir, name+".console")
+	reportFile := filepath.Join(dir, name+".report")
+	for _, f := range []string{console, reportFile} {
+		os.Remove(f)
+	}
+	qargs := append([]string{
+		"-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2", "-m", "6144",
+		"-nodefaults", "-display", "none", "-no-reboot",
+		"-serial", "file:" + console, "-serial", "file:" + reportFile,
+		"-netdev", "user,id=n0,restrict=on," + fwd, "-device", "virtio-net-pci,netdev=n0",
+	}, args...)
+	vctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	cmd := exec.CommandContext(vctx, "qemu-system-x86_64", qargs...)
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			b, _ := os.ReadFile(console)
+			if err != nil {
+				t.Fatalf("%s: qemu: %v (%s): %s", name, err, stderr.String(), vmtest.Tail(string(b), 60))
+			}
+			return string(b)
+		case <-tick.C:
+			b, _ := os.ReadFile(console)
+			for _, f := range failOn {
+				if bytes.Contains(b, []byte(f)) {
+					cancel()
+					<-done
+					t.Fatalf("%s: the console shows %q: %s", name, f, vmtest.Tail(string(b), 60))
+				}
+			}
+		}
+	}
+}
+
+// forwarders writes one script per guest service that connects a guest
+// connection to the host's service (QEMU starts one per connection) and
+// returns the -netdev options.
+func forwarders(t *testing.T, dir string, m map[string]string) string {
+	t.Helper()
+	var opts []string
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for i, guest := range keys {
+		script := filepath.Join(dir, fmt.Sprintf("fwd%d.sh", i))
+		if err := os.WriteFile(script, []byte("#!/bin/sh\nexec socat - TCP:"+m[guest]+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		opts = append(opts, "guestfwd=tcp:"+guest+"-cmd:"+script)
+	}
+	return strings.Join(opts, ",")
+}
+
+func serveRegistry(t *testing.T) string {
+	t.Helper()
+	blobs := filepath.Join(testbin.CacheDir(), "kairos", "registry-blobs")
+	if err := os.MkdirAll(blobs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return serve(t, ggcrregistry.New(ggcrregistry.WithBlobHandler(ggcrregistry.NewDiskBlobHandler(blobs)), ggcrregistry.Logger(log.New(io.Discard, "", 0))))
+}
+
+func serveFiles(t *testing.T, files map[string][]byte) string {
+	t.Helper()
+	return serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, ok := files[r.URL.Path]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write(b)
+	}))
+}
+
+func serve(t *testing.T, h http.Handler) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return l.Addr().String()
+}
+
+// report is what the probe said on one boot.
+type report struct {
+	blobs map[string]string
+}
+
+func readReport(t *testing.T, path, console string) report {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := report{blobs: map[string]string{}}
+	done := false
+	for _, l := range strings.Split(strings.ReplaceAll(string(b), "\r", ""), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) >= 2 && f[0] == "PKB":
+			v := ""
+			if len(f) == 3 {
+				d, err := base64.StdEncoding.DecodeString(f[2])
+				if err != nil {
+					t.Fatalf("report %s: %v", f[1], err)
+				}
+				v = string(d)
+			}
+			r.blobs[f[1]] = v
+		case len(f) == 2 && f[0] == "PK" && f[1] == "done":
+			done = true
+		}
+	}
+	if !done {
+		t.Fatalf("%s: the probe did not finish (report: %q): %s", filepath.Base(path), vmtest.Tail(string(b), 10), vmtest.Tail(console, 60))
+	}
+	return r
+}
+
+func (r report) blob(t *testing.T, n string) string {
+	t.Helper()
+	v, ok := r.blobs[n]
+	if !ok {
+		t.Fatalf("the probe did not report %s", n)
+	}
+	return v
+}
+
+func (r report) markers(t *testing.T) map[string]bool {
+	out := map[string]bool{}
+	for _, l := range strings.Split(r.blob(t, "markers"), "\n") {
+		if p, s, ok := strings.Cut(strings.TrimSpace(l), " "); ok {
+			out[p] = s == "kept"
+		}
+	}
+	return out
+}
+
+// phases records each phase's wall time for the log and the note.
+type phases struct {
+	t    *testing.T
+	list []string
+}
+
+func (p *phases) run(what string, f func()) {
+	start := time.Now()
+	p.t.Logf("kairosvm: %s ...", what)
+	f()
+	d := time.Since(start).Round(time.Second)
+	p.t.Logf("kairosvm: %s: %s", what, d)
+	p.list = append(p.list, fmt.Sprintf("%-60s %s", what, d))
+}
+
+func (p *phases) summary() {
+	p.t.Logf("kairosvm phases:\n  %s", strings.Join(p.list, "\n  "))
+}
+
+// keepDir is the run's directory: PROVIDER_KUBERNETES_VM_KEEP keeps the
+// consoles and reports there; else a temporary one.
+func keepDir(t *testing.T) string {
+	if d := os.Getenv("PROVIDER_KUBERNETES_VM_KEEP"); d != "" {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	return t.TempDir()
+}
+
+func shell(t *testing.T, ctx context.Context, dir string, budget time.Duration, line string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "sh", "-c", line)
+	cmd.Dir = dir
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s: %v: %s", line, err, vmtest.Tail(out.String(), 30))
+	}
+}
+
+func readImageFile(t *testing.T, layout string) kairosimage.ImageFile {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(layout, kairosimage.ImageFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f kairosimage.ImageFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func entry(t *testing.T, minor string) images.MinorEntry {
+	t.Helper()
+	e, err := imagetree.Entry(minor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// yamlBlock returns the first ```yaml block of a page that contains want.
+func yamlBlock(t *testing.T, path, want string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cur []string
+	in := false
+	for _, l := range strings.Split(string(b), "\n") {
+		switch {
+		case !in && strings.TrimSpace(l) == "```yaml":
+			in, cur = true, nil
+		case in && strings.TrimSpace(l) == "```":
+			in = false
+			if s := strings.Join(cur, "\n") + "\n"; strings.Contains(s, want) {
+				return s
+			}
+		case in:
+			cur = append(cur, l)
+		}
+	}
+	t.Fatalf("%s has no ```yaml block with %q", path, want)
+	return ""
+}
+
+// sshKey is an OpenSSH public key line for an ed25519 key.
+func sshKey(pub ed25519.PublicKey) string {
+	var b bytes.Buffer
+	for _, part := range [][]byte{[]byte("ssh-ed25519"), pub} {
+		binary.Write(&b, binary.BigEndian, uint32(len(part)))
+		b.Write(part)
+	}
+	return "ssh-ed25519 " + base64.StdEncoding.EncodeToString(b.Bytes()) + " pk-test"
+}
+
+func parseEnv(s string) map[string]string {
+	out := map[string]string{}
+	for _, l := range strings.Split(s, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(l), "="); ok {
+			out[k] = strings.Trim(v, `"`)
+		}
+	}
+	return out
+}
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+func glob(p string) []string { m, _ := filepath.Glob(p); return m }
+
+func contains(l []string, s string) bool {
+	for _, x := range l {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func kept(b bool) string {
+	if b {
+		return "kept"
+	}
+	return "lost"
+}
+
+type testLog struct{ t testing.TB }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Logf("%s", bytes.TrimRight(p, "\n"))
+	return len(p), nil
+}
