@@ -3,7 +3,9 @@
 // the initramfs: no network, no API) validates the cloud-config's cluster:
 // section and renders a yip config whose boot stage writes the cluster file
 // and starts the reconcile unit; it never runs kubeadm. cluster.reset runs
-// the reset. Nothing secret reaches the response, the log field, stdout or
+// the reset. init.provider.info (sent by kairos-init while it builds the
+// image) answers the provider's name and the bundled kubeadm's version.
+// Nothing secret reaches the response, the log field, stdout or
 // stderr: errors name keys, never values.
 package plugin
 
@@ -33,11 +35,14 @@ import (
 
 // Events the provider answers, and the name Kairos finds it under.
 // The names are kairos-sdk's: agent.boot (sent by `kairos-agent notify
-// agent.boot` from kairos-init's initramfs stage) and cluster.reset (defined
-// by the SDK; kairos-agent v2.31.4 itself never sends it).
+// agent.boot` from kairos-init's initramfs stage), cluster.reset (defined
+// by the SDK; kairos-agent v2.31.4 itself never sends it) and
+// init.provider.info (sent by kairos-init v0.16.4 to every provider in
+// /system/providers; see providerinfo.go).
 const (
 	EventBoot  = sdkbus.EventBoot
 	EventReset = clusterplugin.EventClusterReset
+	EventInfo  = sdkbus.InitProviderInfo
 	BinaryName = "agent-provider-kubernetes"
 )
 
@@ -46,7 +51,7 @@ const MaxEventSize = 8 << 20
 
 // IsEvent reports whether s names an event the provider handles.
 func IsEvent(s string) bool {
-	return s == string(EventBoot) || s == string(EventReset)
+	return s == string(EventBoot) || s == string(EventReset) || s == string(EventInfo)
 }
 
 // Options configure the plugin.
@@ -73,6 +78,7 @@ func Serve(ctx context.Context, o Options, event string, stdin io.Reader, stdout
 	f := pluggable.NewPluginFactory(
 		pluggable.FactoryPlugin{EventType: EventBoot, PluginHandler: func(e *pluggable.Event) pluggable.EventResponse { return o.onBoot(e) }},
 		pluggable.FactoryPlugin{EventType: EventReset, PluginHandler: func(e *pluggable.Event) pluggable.EventResponse { return o.onReset(ctx, e) }},
+		pluggable.FactoryPlugin{EventType: EventInfo, PluginHandler: func(e *pluggable.Event) pluggable.EventResponse { return o.onInfo(e) }},
 	)
 	return f.Run(pluggable.EventType(event), bytes.NewReader(js), stdout)
 }
