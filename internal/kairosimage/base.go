@@ -339,7 +339,7 @@ func run(ctx context.Context, log io.Writer, budget time.Duration, name string, 
 // namespace. With LOWER set, the root is an overlay of $LOWER (colon
 // separated, topmost first) under the upper directory $0/upper.
 const chrootScript = `set -e
-R="$0"; shift
+R="$0"
 if [ -n "$LOWER" ]; then
   mkdir -p "$R/upper" "$R/work" "$R/merged"
   mount -t overlay overlay -o "lowerdir=$LOWER,upperdir=$R/upper,workdir=$R/work" "$R/merged"
