@@ -522,7 +522,7 @@ func TestSkippedOutcomes(t *testing.T) {
 func TestInsufficientSpace(t *testing.T) {
 	if os.Getenv("ETCDSNAP_IN_MOUNTNS") == "" {
 		if os.Getuid() != 0 {
-			t.Skip("needs root for a private mount namespace (CI runs as root)")
+			testutil.SkipUnlessCI(t, "needs root for a private mount namespace (CI runs as root)")
 		}
 		testbin.Etcdctl(t, etcdtest.EtcdctlVersion) // build both tools outside the child's budget
 		testbin.Etcdutl(t, etcdtest.EtcdctlVersion)
