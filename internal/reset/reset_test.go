@@ -291,6 +291,20 @@ func TestResetReportsKubeadmFailure(t *testing.T) {
 	}
 }
 
+// A node without kubeadm (the real runner, nothing at /usr/bin/kubeadm
+// under the root): the status says the binary is missing, not that kubeadm
+// exited 0.
+func TestResetWithoutKubeadmSaysItIsMissing(t *testing.T) {
+	s := newSandbox(t, t.TempDir(), nil)
+	res := Run(context.Background(), Options{Root: paths.Root(s.root), Runner: runner.Exec{Root: s.root}})
+	if res.ExitCode != reconcile.ExitFailed || res.Status.Reason != ReasonKubeadmResetFailed || !errors.Is(res.Err, runner.ErrMissing) {
+		t.Fatalf("exit %d %v: %+v", res.ExitCode, res.Err, res.Status)
+	}
+	if msg := res.Status.Message; strings.Contains(msg, "exit status") || !strings.Contains(msg, "binary missing: no file at "+paths.Kubeadm) {
+		t.Fatalf("message %q", msg)
+	}
+}
+
 // The private mount namespace test: the child re-executes this test with
 // RESET_NS_CHILD set, in its own mount namespace (mounts made there vanish
 // with it), as root.

@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -70,6 +72,10 @@ type Runner interface {
 
 // ErrNotAbsolute is returned for a relative binary path.
 var ErrNotAbsolute = errors.New("binary path is not absolute")
+
+// ErrMissing is returned when the binary is not there: the command never
+// ran, so there is no exit status.
+var ErrMissing = errors.New("binary missing")
 
 // ExitError is a command that ran and failed.
 type ExitError struct {
@@ -138,12 +144,18 @@ func (e Exec) Run(ctx context.Context, c Cmd) (Result, error) {
 	if err == nil {
 		return res, nil
 	}
-	ee := &ExitError{Cmd: c.Short(), Code: res.ExitCode, TimedOut: errors.Is(ctx.Err(), context.DeadlineExceeded),
-		Canceled: errors.Is(ctx.Err(), context.Canceled), Tail: LastLine(res)}
 	var execErr *exec.Error
-	if errors.As(err, &execErr) || res.ExitCode == -1 && cmd.ProcessState == nil {
+	if errors.As(err, &execErr) || cmd.ProcessState == nil && ctx.Err() == nil {
+		// It never started: there is no exit status to report (the zero
+		// ProcessState.ExitCode would read "exit status 0").
+		res.ExitCode = -1
+		if _, serr := os.Stat(bin); errors.Is(serr, fs.ErrNotExist) {
+			return res, fmt.Errorf("run %s: %w: no file at %s", c.Short(), ErrMissing, c.Path)
+		}
 		return res, fmt.Errorf("run %s: %w", c.Short(), err)
 	}
+	ee := &ExitError{Cmd: c.Short(), Code: res.ExitCode, TimedOut: errors.Is(ctx.Err(), context.DeadlineExceeded),
+		Canceled: errors.Is(ctx.Err(), context.Canceled), Tail: LastLine(res)}
 	return res, ee
 }
 

@@ -29,6 +29,28 @@ func TestExecRefusesARelativePath(t *testing.T) {
 	}
 }
 
+// A binary that is not there never ran: the error says it is missing,
+// not an exit status (the never-set one read "exit status 0").
+func TestExecMissingBinaryIsNotAnExitStatus(t *testing.T) {
+	root := t.TempDir()
+	res, err := Exec{Root: root}.Run(context.Background(), Cmd{Path: "/usr/bin/kubeadm", Args: []string{"reset", "-f"}})
+	var ee *ExitError
+	if !errors.Is(err, ErrMissing) || errors.As(err, &ee) || strings.Contains(err.Error(), "exit status") || res.ExitCode != -1 {
+		t.Fatalf("exit %d: %v", res.ExitCode, err)
+	}
+	if want := "run /usr/bin/kubeadm reset: binary missing: no file at /usr/bin/kubeadm"; err.Error() != want {
+		t.Fatalf("%q, want %q", err, want)
+	}
+	// One that is there but cannot start is not called missing.
+	if err := os.WriteFile(root+"/noexec", []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Exec{Root: root}.Run(context.Background(), Cmd{Path: "/noexec"})
+	if err == nil || errors.Is(err, ErrMissing) || errors.As(err, &ee) || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("%v", err)
+	}
+}
+
 func TestExecFailureCarriesTheLastLine(t *testing.T) {
 	_, err := Exec{}.Run(context.Background(), Cmd{Path: "/bin/sh", Args: []string{"-c", "echo first >&2; echo 'second --token abcdef.0123456789abcdef' >&2; exit 7"}})
 	var ee *ExitError
