@@ -1,0 +1,74 @@
+package docs_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kairos-io/provider-kubernetes/internal/joinconfig"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/docs"
+	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
+)
+
+// texts is every operator text: the README and each page of docs/, by
+// name.
+func texts(t *testing.T) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repo(), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{"README.md": string(b)}
+	pages, err := docs.Pages()
+	if err != nil || len(pages) == 0 {
+		t.Fatalf("pages %v: %v", pages, err)
+	}
+	for _, p := range pages {
+		out["docs/"+p] = read(t, p)
+	}
+	return out
+}
+
+// sentences splits a text joined onto one line at its sentence and clause
+// ends.
+func sentences(s string) []string {
+	return regexp.MustCompile(`[.:;]\s+`).Split(oneLine(s), -1)
+}
+
+// hours is a whole number of hours as the pages write it: 24h, 168h.
+func hours(d time.Duration) string { return fmt.Sprintf("%dh", d/time.Hour) }
+
+// How long join material lasts has one home, the README's "Joining more
+// nodes" (the init token's: "Init and join"), stating the code's values;
+// no other text states a lifetime of its own (reset-and-rejoin.md said
+// "valid for an hour" of a token that join-config creates for 24h).
+func TestJoinMaterialLifetimeHasOneHome(t *testing.T) {
+	all := texts(t)
+	readme := all["README.md"]
+	join, init := section(t, readme, "## Joining more nodes"), section(t, readme, "## Init and join")
+	for _, c := range []struct{ text, want string }{
+		{join, "`--ttl " + hours(clusterconfig.DefaultTokenTTL) + "` by default, at most " + hours(clusterconfig.MaxTokenTTL)},
+		{join, fmt.Sprintf("a control plane within %d hours", joinconfig.CertsLifetime/time.Hour)},
+		{init, "The init token's TTL is " + hours(clusterconfig.DefaultTokenTTL) + " by default"},
+		{init, "at most " + hours(clusterconfig.MaxTokenTTL)},
+		{init, "kubeadm deletes the uploaded control-plane certificates after " + hours(joinconfig.CertsLifetime)},
+	} {
+		if !strings.Contains(oneLine(c.text), c.want) {
+			t.Errorf("README.md does not say %q", c.want)
+		}
+	}
+	all["README.md"] = strings.Replace(strings.Replace(readme, join, "", 1), init, "", 1)
+	secret := regexp.MustCompile(`(?i)\btoken\b|certificate key|join material`)
+	lifetime := regexp.MustCompile(`(?i)\b(hours?|days?|minutes?|\d+ ?[hm])\b|lifetime|expire|valid for`)
+	for name, text := range all {
+		for _, s := range sentences(text) {
+			if secret.MatchString(s) && lifetime.MatchString(s) {
+				t.Errorf("%s states how long join material lasts (%q): say it in README.md's Joining more nodes and link there", name, s)
+			}
+		}
+	}
+}
