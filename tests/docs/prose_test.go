@@ -72,3 +72,33 @@ func TestJoinMaterialLifetimeHasOneHome(t *testing.T) {
 		}
 	}
 }
+
+// A failure reason (exit 1, phase Failed) is never shown as what a
+// refusal (exit 3, phase Refused) records: ConfigInvalid was "refused
+// (`ConfigInvalid`)" in the README, reference.md and what-it-refuses.md's
+// list of what a pass refuses.
+func TestFailureReasonsAreNotRefusals(t *testing.T) {
+	reasons := values(consts(t, "internal/reconcile", func(n string) bool { return strings.HasPrefix(n, "Reason") }))
+	for name, text := range texts(t) {
+		one := oneLine(text)
+		for _, r := range reasons {
+			if m := regexp.MustCompile("(?i)refus\\w*,? \\(`" + regexp.QuoteMeta(r) + "`").FindString(one); m != "" {
+				t.Errorf("%s: %q: %s is a failure (exit 1, phase Failed), not a refusal", name, m, r)
+			}
+		}
+	}
+	sec := oneLine(section(t, read(t, "what-it-refuses.md"), "## `reconcile`"))
+	i := strings.Index(sec, "It then refuses, before any command runs (exit 3")
+	if i < 0 {
+		t.Fatal("what-it-refuses.md: no paragraph of what a pass refuses")
+	}
+	refusals := sec[i:]
+	if j := strings.Index(refusals, "A record the pass acts on"); j >= 0 {
+		refusals = refusals[:j]
+	}
+	for _, r := range reasons {
+		if strings.Contains(refusals, "`"+r+"`") {
+			t.Errorf("what-it-refuses.md lists %s among what a pass refuses: it is a failure", r)
+		}
+	}
+}
