@@ -102,3 +102,67 @@ func TestFailureReasonsAreNotRefusals(t *testing.T) {
 		}
 	}
 }
+
+// Every paragraph of prose closes the parentheses it opens, and opens the
+// ones it closes (code spans and blocks aside): a fragment pasted into the
+// wrong place, like the "`systemctl --failed`). ..." that ended the
+// README's "Reset under Kairos", does not.
+func TestParagraphsBalanceTheirParentheses(t *testing.T) {
+	code := regexp.MustCompile("`[^`]*`")
+	for name, text := range texts(t) {
+		for _, p := range paragraphs(text) {
+			depth := 0
+			for _, r := range code.ReplaceAllString(oneLine(p.text), "C") {
+				switch r {
+				case '(':
+					depth++
+				case ')':
+					depth--
+				}
+				if depth < 0 {
+					break
+				}
+			}
+			if depth != 0 {
+				t.Errorf("%s:%d: a paragraph with unbalanced parentheses (a pasted fragment?): %.200s", name, p.line, oneLine(p.text))
+			}
+		}
+	}
+}
+
+type paragraph struct {
+	line int
+	text string
+}
+
+// paragraphs are a markdown text's runs of prose lines: not in a fenced
+// block, not a heading, a table row or an HTML comment.
+func paragraphs(text string) []paragraph {
+	var out []paragraph
+	var cur []string
+	start, fenced := 0, false
+	flush := func() {
+		if len(cur) > 0 {
+			out = append(out, paragraph{start, strings.Join(cur, "\n")})
+			cur = nil
+		}
+	}
+	for i, l := range strings.Split(text, "\n") {
+		s := strings.TrimSpace(l)
+		if strings.HasPrefix(s, "```") {
+			fenced = !fenced
+			flush()
+			continue
+		}
+		if fenced || s == "" || strings.HasPrefix(s, "#") || strings.HasPrefix(s, "|") || strings.HasPrefix(s, "<!--") {
+			flush()
+			continue
+		}
+		if len(cur) == 0 {
+			start = i + 1
+		}
+		cur = append(cur, l)
+	}
+	flush()
+	return out
+}
