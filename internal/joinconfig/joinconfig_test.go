@@ -187,9 +187,18 @@ func TestMintNeedsAControlPlane(t *testing.T) {
 	if err := os.Remove(e.node.Path(paths.AdminConf)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Mint(context.Background(), e.opts("worker")); err == nil || !strings.Contains(err.Error(), "runs on a control plane") {
+	e.node.Write(paths.KubeletConf, "apiVersion: v1\nkind: Config\n", 0o600)
+	_, err := Mint(context.Background(), e.opts("worker"))
+	if err == nil || !strings.Contains(err.Error(), "runs on a control plane") {
 		t.Fatalf("%v", err)
 	}
+	// Only admin.conf is missing (and only it is read): the message names
+	// it, and not kubelet.conf, which this node may well have.
+	msg := err.Error()
+	if !strings.Contains(msg, "no readable kubeconfig (tried "+paths.AdminConf+"): read "+paths.AdminConf+": ") || strings.Contains(msg, "kubelet.conf") {
+		t.Fatalf("%q", msg)
+	}
+	t.Log(msg)
 }
 
 // A control plane's material: the certificate key reaches kubeadm only in a

@@ -514,3 +514,20 @@ func TestWarningsArePrintedEscaped(t *testing.T) {
 		t.Fatalf("printed again: %q", again)
 	}
 }
+
+// TestLoadNamesTheKubeconfigsTried: the error names the files that were
+// read and failed, never one that was not tried (join-config reads only
+// admin.conf, and said kubelet.conf was unreadable).
+func TestLoadNamesTheKubeconfigsTried(t *testing.T) {
+	n := testutil.NewNode(t, "n1")
+	n.Write(paths.KubeletConf, "apiVersion: v1\nkind: Config\n", 0o600)
+	_, err := Load(n.R(), time.Second, paths.AdminConf)
+	if !errors.Is(err, ErrNoKubeconfig) || strings.Contains(err.Error(), "kubelet.conf") ||
+		!strings.Contains(err.Error(), "(tried "+paths.AdminConf+"): read "+paths.AdminConf+": ") {
+		t.Fatalf("%v", err)
+	}
+	_, err = Load(n.R(), time.Second, "/missing/a.conf", "/missing/b.conf")
+	if !errors.Is(err, ErrNoKubeconfig) || !strings.Contains(err.Error(), "(tried /missing/a.conf, /missing/b.conf)") {
+		t.Fatalf("%v", err)
+	}
+}

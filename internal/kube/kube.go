@@ -74,8 +74,9 @@ type Client struct {
 	timeout    time.Duration    // each call's bound
 }
 
-// ErrNoKubeconfig is returned when neither kubelet.conf nor admin.conf exists.
-var ErrNoKubeconfig = errors.New("no kubeconfig: neither kubelet.conf nor admin.conf is readable")
+// ErrNoKubeconfig is returned when none of the kubeconfigs tried is
+// readable; the error wrapping it names exactly those files.
+var ErrNoKubeconfig = errors.New("no readable kubeconfig")
 
 // Load builds a client from the first readable kubeconfig (host paths under
 // root). The per-request timeout bounds every call made through it.
@@ -94,7 +95,7 @@ func LoadFirst(root paths.Root, timeout time.Duration, context string, kubeconfi
 		}
 		errs = append(errs, err)
 	}
-	return nil, fmt.Errorf("%w: %v", ErrNoKubeconfig, errors.Join(errs...))
+	return nil, fmt.Errorf("%w (tried %s): %v", ErrNoKubeconfig, strings.Join(kubeconfigs, ", "), errors.Join(errs...))
 }
 
 // LoadSource builds a client from a kubeconfig source: a KUBECONFIG-style
