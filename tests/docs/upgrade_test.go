@@ -16,11 +16,12 @@ func TestUpgradePage(t *testing.T) {
 	inSandbox(t, func(t *testing.T, s *sandbox) {
 		p := open(t, "upgrade.md")
 
-		// Before: a control plane of a cluster at 1.36.3 on the 1.36 image,
+		// Before: the init control plane of a cluster at 1.36.3 (role: init,
+		// as examples/cloud-config/init.yaml boots it) on the 1.36 image,
 		// asking what its boot on the 1.37 image with the 1.37 pin would do.
 		api := testutil.NewAPI(t, "v1.36.3")
 		cp := s.node("cp1")
-		cp.clusterFile("controlplane", "v1.36.3", "")
+		cp.clusterFile("init", "v1.36.3", "")
 		cp.image("v1.36.3")
 		cp.controlPlane(api, "v1.36.3")
 		out := cp.docOK(p, "provider-kubernetes plan --pin v1.37.2")
@@ -32,7 +33,7 @@ func TestUpgradePage(t *testing.T) {
 		}
 
 		// The pin bump, on the operator's cloud-config.
-		const cc = "#cloud-config\nhostname: cp1\ncluster:\n  role: controlplane\n  config: |\n    clusterConfiguration:\n      kubernetesVersion: v1.36.3\n"
+		const cc = "#cloud-config\nhostname: cp1\ncluster:\n  role: init\n  config: |\n    clusterConfiguration:\n      kubernetesVersion: v1.36.3\n"
 		cp.Write("/oem/90_custom.yaml", cc, 0o600)
 		cp.docOK(p, "sed -i")
 		if got, want := cp.Read("/oem/90_custom.yaml"), strings.Replace(cc, "v1.36.3", "v1.37.2", 1); got != want {
