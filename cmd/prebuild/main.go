@@ -82,13 +82,13 @@ func run(ctx context.Context, minors string, e2eBase bool, out io.Writer) error 
 		_, err := testbin.KairosAgent(ctx, log)
 		return err
 	}})
-	if os.Geteuid() == 0 {
+	if os.Geteuid() == 0 && os.Getenv("PROVIDER_KUBERNETES_KAIROS_VM") == "1" {
 		steps = append(steps, step{what: "the Kairos base (debootstrap " + kairosimage.Suite + ", kairos-init " + testbin.KairosInitVersion + "; the Kairos VM test's images)", build: func(ctx context.Context, log io.Writer) error {
 			_, err := kairosimage.EnsureBase(ctx, kairosimage.Options{Log: log})
 			return err
 		}})
 	} else {
-		fmt.Fprintf(out, "prebuild: the Kairos base is not built: it needs root (chroot, mount namespaces)\n")
+		fmt.Fprintf(out, "prebuild: the Kairos base is not built: it needs root and PROVIDER_KUBERNETES_KAIROS_VM=1 (the Kairos VM test is opt-in until it has passed in CI)\n")
 	}
 	if e2eBase {
 		if _, err := harness.Check(); err != nil {

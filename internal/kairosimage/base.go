@@ -184,7 +184,7 @@ func EnsureBase(ctx context.Context, o Options) (Base, error) {
 			return Chroot(ctx, o.Log, 30*time.Minute, rootfs, nil, initArgs("init")...)
 		}},
 		{"kairos-init validate", func() error {
-			return Chroot(ctx, o.Log, 10*time.Minute, rootfs, nil, "/kairos-init", "validate", "-l", "info")
+			return Chroot(ctx, o.Log, 10*time.Minute, rootfs, nil, "/kairos-init", "validate")
 		}},
 		{"cleanup", func() error { return cleanup(rootfs) }},
 	}

