@@ -4,10 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"path"
-	"syscall"
 
 	sdkbus "github.com/kairos-io/kairos-sdk/bus"
 	pluggable "github.com/mudler/go-pluggable"
@@ -57,39 +54,10 @@ func (o *Options) onInfo(_ *pluggable.Event) pluggable.EventResponse {
 }
 
 // readBundle reads the bundle manifest under the root without following a
-// symlink in any component (the directories are walked one at a time, the
-// file opened O_NOFOLLOW and without blocking), only a regular file, at
-// most MaxBundleSize bytes.
+// symlink in any component, only a regular file, never blocking, at most
+// MaxBundleSize bytes.
 func (o *Options) readBundle() ([]byte, error) {
-	dir, err := fsutil.OpenDirNoFollow(o.Root.Path("/"), path.Dir(paths.BundleManifest))
-	if err != nil {
-		return nil, err
-	}
-	defer dir.Close()
-	f, err := fsutil.OpenAtNoFollow(dir, path.Base(paths.BundleManifest))
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		kind := st.Mode().Type().String()
-		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
-			kind = fsutil.Kind(sys.Mode)
-		}
-		return nil, &fsutil.KindError{Path: paths.BundleManifest, Kind: kind, Want: "a regular file"}
-	}
-	b, err := io.ReadAll(io.LimitReader(f, MaxBundleSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > MaxBundleSize {
-		return nil, fmt.Errorf("%s: %w (limit %d bytes)", paths.BundleManifest, fsutil.ErrTooLarge, MaxBundleSize)
-	}
-	return b, nil
+	return fsutil.ReadFileBeneath(o.Root.Path("/"), paths.BundleManifest, MaxBundleSize)
 }
 
 func failInfo(format string, a ...any) pluggable.EventResponse {
