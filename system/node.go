@@ -18,10 +18,12 @@ const (
 )
 
 // DebianCNIPlugins are the plugins Debian bookworm's
-// containernetworking-plugins package installs in DebianCNIDir.
+// containernetworking-plugins (1.1.1) installs in DebianCNIDir; the Kairos
+// image build refuses a base whose DebianCNIDir holds another set, so no
+// link can dangle.
 var DebianCNIPlugins = []string{
-	"bandwidth", "bridge", "dhcp", "dummy", "firewall", "host-device", "host-local", "ipvlan",
-	"loopback", "macvlan", "portmap", "ptp", "sbr", "static", "tap", "tuning", "vlan", "vrf",
+	"bandwidth", "bridge", "dhcp", "firewall", "host-device", "host-local", "ipvlan",
+	"loopback", "macvlan", "portmap", "ptp", "sbr", "static", "tuning", "vlan", "vrf",
 }
 
 // NodeFiles are the files a real node needs besides the tree and its

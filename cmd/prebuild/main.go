@@ -83,7 +83,7 @@ func run(ctx context.Context, minors string, e2eBase bool, out io.Writer) error 
 		return err
 	}})
 	if os.Geteuid() == 0 && os.Getenv("PROVIDER_KUBERNETES_KAIROS_VM") == "1" {
-		steps = append(steps, step{what: "the Kairos base (debootstrap " + kairosimage.Suite + ", kairos-init " + testbin.KairosInitVersion + "; the Kairos VM test's images)", build: func(ctx context.Context, log io.Writer) error {
+		steps = append(steps, step{what: "the Kairos base (debootstrap " + testbin.DebianSuite + ", kairos-init " + testbin.KairosInitVersion + "; the Kairos VM test's images)", build: func(ctx context.Context, log io.Writer) error {
 			_, err := kairosimage.EnsureBase(ctx, kairosimage.Options{Log: log})
 			return err
 		}})

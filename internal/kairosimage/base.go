@@ -26,19 +26,14 @@ import (
 	"time"
 
 	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
+	"github.com/kairos-io/provider-kubernetes/system"
 )
-
-// Suite is the Debian release of the base.
-const Suite = "bookworm"
-
-// DefaultMirror is where debootstrap and kairos-init's apt get Debian
-// packages; PROVIDER_KUBERNETES_DEBIAN_MIRROR overrides it.
-const DefaultMirror = "http://deb.debian.org/debian"
 
 // baseFormat changes whenever the way the base is built changes, so a
 // cached base of an older builder is never reused.
-const baseFormat = "pk-kairos-base/1"
+const baseFormat = "pk-kairos-base/2"
 
 // slimmed are the parts of the base no node boots with: documentation and
 // translations, and kernel module trees for hardware a server node has no
@@ -61,7 +56,7 @@ var masked = []string{"mdadm-shutdown.service"}
 // Options tune a build.
 type Options struct {
 	CacheDir string    // default testbin.CacheDir()/kairos
-	Mirror   string    // default $PROVIDER_KUBERNETES_DEBIAN_MIRROR, else DefaultMirror
+	Mirror   string    // default testbin.DebianMirror()
 	Log      io.Writer // progress lines and the tools' output; nil discards
 }
 
@@ -70,10 +65,7 @@ func (o Options) withDefaults() Options {
 		o.CacheDir = filepath.Join(testbin.CacheDir(), "kairos")
 	}
 	if o.Mirror == "" {
-		o.Mirror = os.Getenv("PROVIDER_KUBERNETES_DEBIAN_MIRROR")
-	}
-	if o.Mirror == "" {
-		o.Mirror = DefaultMirror
+		o.Mirror = testbin.DebianMirror()
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
@@ -97,7 +89,7 @@ func BaseKey() string {
 	sort.Strings(p)
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\n%s\n%s\nkairos-init %s\nkairos-agent %s\nimmucore %s\nslimmed %s\nmasked %s\n",
-		baseFormat, Suite, strings.Join(p, ","), testbin.KairosInitVersion, testbin.KairosAgentVersion,
+		baseFormat, testbin.DebianSuite, strings.Join(p, ","), testbin.KairosInitVersion, testbin.KairosAgentVersion,
 		testbin.ImmucoreVersion, strings.Join(slimmed, ","), strings.Join(masked, ","))
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
@@ -132,7 +124,7 @@ func EnsureBase(ctx context.Context, o Options) (Base, error) {
 	}
 	old, _ := filepath.Glob(filepath.Join(o.CacheDir, "base-*"))
 	for _, d := range old {
-		if d != dir && !strings.HasSuffix(d, ".lock") {
+		if d != dir {
 			_ = os.RemoveAll(d) // an older builder's base: ~3 GB of dead weight
 		}
 	}
@@ -144,7 +136,7 @@ func EnsureBase(ctx context.Context, o Options) (Base, error) {
 	if err := os.MkdirAll(part, 0o755); err != nil {
 		return Base{}, err
 	}
-	fmt.Fprintf(o.Log, "kairosimage: building the Kairos base %s (debootstrap %s, kairos-init %s: about 9 min cold on 2 cores) in %s\n", key, Suite, testbin.KairosInitVersion, dir)
+	fmt.Fprintf(o.Log, "kairosimage: building the Kairos base %s (debootstrap %s, kairos-init %s: about 9 min cold on 2 cores) in %s\n", key, testbin.DebianSuite, testbin.KairosInitVersion, dir)
 	secs := map[string]int{}
 	step := func(name string, f func() error) error {
 		t0 := time.Now()
@@ -168,7 +160,7 @@ func EnsureBase(ctx context.Context, o Options) (Base, error) {
 		f    func() error
 	}{
 		{"debootstrap", func() error {
-			return run(ctx, o.Log, 25*time.Minute, "debootstrap", "--variant=minbase", "--include="+strings.Join(images.NodePackages, ","), Suite, rootfs, o.Mirror)
+			return run(ctx, o.Log, 25*time.Minute, "debootstrap", "--variant=minbase", "--include="+strings.Join(images.NodePackages, ","), testbin.DebianSuite, rootfs, o.Mirror)
 		}},
 		{"kairos-init install stage", func() error {
 			if err := copyExecutable(kinit, filepath.Join(rootfs, "kairos-init")); err != nil {
@@ -187,6 +179,7 @@ func EnsureBase(ctx context.Context, o Options) (Base, error) {
 			return Chroot(ctx, o.Log, 10*time.Minute, rootfs, nil, "/kairos-init", "validate")
 		}},
 		{"cleanup", func() error { return cleanup(rootfs) }},
+		{"CNI plugins", func() error { return CheckCNIPlugins(rootfs) }},
 	}
 	for _, s := range steps {
 		if err := step(s.name, s.f); err != nil {
@@ -241,7 +234,7 @@ func readBase(dir, key string) (Base, error) {
 // (kairos-init installs the kernel, grub and dracut with apt).
 func writeSources(rootfs, mirror string) error {
 	return os.WriteFile(filepath.Join(rootfs, "etc/apt/sources.list"),
-		[]byte(fmt.Sprintf("deb %s %s main\n", mirror, Suite)), 0o644)
+		[]byte(fmt.Sprintf("deb %s %s main\n", mirror, testbin.DebianSuite)), 0o644)
 }
 
 func slim(ctx context.Context, log io.Writer, rootfs string) error {
@@ -316,18 +309,28 @@ func copyExecutable(src, dst string) error {
 
 // run runs a host command, its output to log, bounded.
 func run(ctx context.Context, log io.Writer, budget time.Duration, name string, args ...string) error {
+	return runLogged(ctx, log, budget, name, nil, name, args...)
+}
+
+// runLogged runs name with args (env added to the environment), its
+// output to log, bounded by budget; its error names what with the last
+// lines of the output.
+func runLogged(ctx context.Context, log io.Writer, budget time.Duration, what string, env []string, name string, args ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	var tail tailWriter
 	cmd.Stdout = io.MultiWriter(log, &tail)
 	cmd.Stderr = cmd.Stdout
 	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Run(); err != nil {
 		if ctx.Err() != nil {
-			return fmt.Errorf("%s: %w after %s (budget): %s", name, ctx.Err(), budget, tail.String())
+			return fmt.Errorf("%s: %w after %s (budget): %s", what, ctx.Err(), budget, tail.String())
 		}
-		return fmt.Errorf("%s: %w: %s", name, err, tail.String())
+		return fmt.Errorf("%s: %w: %s", what, err, tail.String())
 	}
 	return nil
 }
@@ -365,21 +368,7 @@ exec chroot "$R" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/
 // root/upper.
 func Chroot(ctx context.Context, log io.Writer, budget time.Duration, root string, lower []string, argv ...string) error {
 	args := append([]string{"-m", "--propagation", "private", "sh", "-c", chrootScript, root}, argv...)
-	ctx, cancel := context.WithTimeout(ctx, budget)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "unshare", args...)
-	cmd.Env = append(os.Environ(), "LOWER="+strings.Join(lower, ":"))
-	var tail tailWriter
-	cmd.Stdout = io.MultiWriter(log, &tail)
-	cmd.Stderr = cmd.Stdout
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Run(); err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("chroot %s: %w after %s (budget): %s", argv[0], ctx.Err(), budget, tail.String())
-		}
-		return fmt.Errorf("chroot %s: %w: %s", argv[0], err, tail.String())
-	}
-	return nil
+	return runLogged(ctx, log, budget, "chroot "+argv[0], []string{"LOWER=" + strings.Join(lower, ":")}, "unshare", args...)
 }
 
 // tailWriter keeps the last lines of a command's output for its error.
@@ -401,12 +390,35 @@ func (t *tailWriter) String() string {
 	return strings.Join(l, " | ")
 }
 
-func testbinKairosInit(ctx context.Context, o Options) (string, error) {
-	return testbin.KairosInit(ctx, o.Log)
-}
-
 // releaseVersion is KAIROS_VERSION of every image: the project's release
 // (versions.yaml). The operator compares KAIROS_VERSION with the Kubernetes
 // version after it (KAIROS_SOFTWARE_VERSION), so per-minor images of one
 // release differ there.
 func releaseVersion() string { return images.Get().Release }
+
+// CheckCNIPlugins refuses a base whose Debian CNI directory does not hold
+// exactly system.DebianCNIPlugins: the node files link each of them into
+// system.CNIPluginDir, and a link to a plugin Debian does not ship would
+// dangle (one Debian adds would never be linked).
+func CheckCNIPlugins(rootfs string) error {
+	dir, err := fsutil.OpenDirNoFollow(rootfs, system.DebianCNIDir)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	ents, err := fsutil.ReadDirAt(dir)
+	if err != nil {
+		return err
+	}
+	var got []string
+	for _, e := range ents {
+		got = append(got, e.Name())
+	}
+	want := append([]string(nil), system.DebianCNIPlugins...)
+	sort.Strings(got)
+	sort.Strings(want)
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		return fmt.Errorf("%s holds %v, system.DebianCNIPlugins lists %v: make them agree", system.DebianCNIDir, got, want)
+	}
+	return nil
+}

@@ -1,7 +1,6 @@
 package kairosimage
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -15,7 +14,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/imagetree"
+	"github.com/kairos-io/provider-kubernetes/internal/testbin"
 	"github.com/kairos-io/provider-kubernetes/system"
 )
 
@@ -159,7 +160,7 @@ func WriteNodeFiles(dir, pauseTag string) error {
 // init.provider.info), keeps the /etc/kairos-release it wrote, and checks
 // it names the bundled Kubernetes version.
 func writeRelease(ctx context.Context, o Options, work string, base Base, tree, kubernetes string) (map[string]string, string, error) {
-	kinit, err := testbinKairosInit(ctx, o)
+	kinit, err := testbin.KairosInit(ctx, o.Log)
 	if err != nil {
 		return nil, "", err
 	}
@@ -176,11 +177,13 @@ func writeRelease(ctx context.Context, o Options, work string, base Base, tree, 
 	if err != nil {
 		return nil, "", err
 	}
-	b, err := readBounded(filepath.Join(scratch, "upper", "etc", "kairos-release"), 64<<10)
+	// Written by kairos-init as root inside the chroot: read beneath the
+	// upper directory, never through a link it could have left there.
+	b, err := fsutil.ReadFileBeneath(filepath.Join(scratch, "upper"), "/etc/kairos-release", 64<<10)
 	if err != nil {
 		return nil, "", fmt.Errorf("kairos-init wrote no /etc/kairos-release: %w", err)
 	}
-	rel := parseEnvFile(string(b))
+	rel := ParseRelease(string(b))
 	if rel["KAIROS_SOFTWARE_VERSION_PREFIX"] != "k8s" || rel["KAIROS_SOFTWARE_VERSION"] != kubernetes {
 		return nil, "", fmt.Errorf("/etc/kairos-release does not carry the bundled Kubernetes (want prefix k8s and version %s): the provider did not answer init.provider.info", kubernetes)
 	}
@@ -194,36 +197,19 @@ func writeRelease(ctx context.Context, o Options, work string, base Base, tree, 
 	return rel, dir, os.RemoveAll(scratch)
 }
 
-// parseEnvFile reads KEY="value" lines (kairos-release, os-release).
-func parseEnvFile(s string) map[string]string {
+// ParseRelease reads KEY="value" lines (/etc/kairos-release,
+// os-release): comments and lines without "=" are skipped, the quotes
+// around a value dropped.
+func ParseRelease(s string) map[string]string {
 	out := map[string]string{}
-	sc := bufio.NewScanner(strings.NewReader(s))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), "=")
+	for _, l := range strings.Split(s, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(l), "=")
 		if !ok || strings.HasPrefix(k, "#") {
 			continue
 		}
 		out[k] = strings.Trim(v, `"'`)
 	}
 	return out
-}
-
-func readBounded(p string, max int64) ([]byte, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() || fi.Size() > max {
-		return nil, fmt.Errorf("%s: not a regular file of at most %d bytes", p, max)
-	}
-	b := make([]byte, fi.Size())
-	_, err = f.ReadAt(b, 0)
-	return b, err
 }
 
 // ImageFileName is the file mkimage writes beside the layout's index: what

@@ -31,11 +31,7 @@ type Base struct {
 func (b Base) Lowers() []string { return []string{b.Config, b.Kairos, b.Rootfs} }
 
 // Suite is the Debian release of the base.
-const Suite = "bookworm"
-
-// DefaultMirror is Debian's mirror (reachable from these machines);
-// PROVIDER_KUBERNETES_E2E_MIRROR overrides it.
-const DefaultMirror = "http://deb.debian.org/debian"
+const Suite = testbin.DebianSuite
 
 // BasePackages are installed on top of debootstrap's minbase: the node's
 // packages (images.NodePackages, the same list the Kairos image installs),
@@ -49,7 +45,7 @@ const rootfsFormat = "pk-e2e-rootfs/1"
 // BaseOptions tunes EnsureBase.
 type BaseOptions struct {
 	CacheDir string    // default testbin.CacheDir()/e2e
-	Mirror   string    // default $PROVIDER_KUBERNETES_E2E_MIRROR, else DefaultMirror
+	Mirror   string    // default testbin.DebianMirror()
 	Log      io.Writer // progress lines; nil discards
 	Runner   runner.Runner
 	Budget   time.Duration // debootstrap's budget, default 20m
@@ -79,10 +75,7 @@ func EnsureBase(ctx context.Context, o BaseOptions) (Base, error) {
 		o.CacheDir = filepath.Join(testbin.CacheDir(), "e2e")
 	}
 	if o.Mirror == "" {
-		o.Mirror = os.Getenv("PROVIDER_KUBERNETES_E2E_MIRROR")
-	}
-	if o.Mirror == "" {
-		o.Mirror = DefaultMirror
+		o.Mirror = testbin.DebianMirror()
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
