@@ -28,7 +28,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -50,9 +49,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"golang.org/x/crypto/ssh"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/imagetree"
 	"github.com/kairos-io/provider-kubernetes/internal/kairosimage"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
@@ -299,7 +300,7 @@ func checkBoot(t *testing.T, what string, rep report, mode string, e images.Mino
 	if got := strings.TrimSpace(rep.blob(t, "mode")); got != mode {
 		t.Errorf("%s: booted %q, want %s (/run/cos/*_mode)", what, got, mode)
 	}
-	rel := parseEnv(rep.blob(t, "kairos-release"))
+	rel := kairosimage.ParseRelease(rep.blob(t, "kairos-release"))
 	if rel["KAIROS_SOFTWARE_VERSION"] != e.Kubernetes || rel["KAIROS_SOFTWARE_VERSION_PREFIX"] != "k8s" {
 		t.Errorf("%s: /etc/kairos-release has KAIROS_SOFTWARE_VERSION_PREFIX=%q KAIROS_SOFTWARE_VERSION=%q, want k8s %s",
 			what, rel["KAIROS_SOFTWARE_VERSION_PREFIX"], rel["KAIROS_SOFTWARE_VERSION"], e.Kubernetes)
@@ -343,8 +344,8 @@ func checkBoot(t *testing.T, what string, rep report, mode string, e images.Mino
 	if len(inv) != 1 {
 		t.Errorf("%s: provider-kubernetes-reconcile.service ran %d times this boot, want once", what, len(inv))
 	}
-	bootEnd := parseEnv(rep.blob(t, "unit-boot"))["ExecMainExitTimestampMonotonic"]
-	recStart := parseEnv(rep.blob(t, "unit-reconcile"))["ExecMainStartTimestampMonotonic"]
+	bootEnd := kairosimage.ParseRelease(rep.blob(t, "unit-boot"))["ExecMainExitTimestampMonotonic"]
+	recStart := kairosimage.ParseRelease(rep.blob(t, "unit-reconcile"))["ExecMainStartTimestampMonotonic"]
 	be, err1 := strconv.ParseUint(bootEnd, 10, 64)
 	rs, err2 := strconv.ParseUint(recStart, 10, 64)
 	if err1 != nil || err2 != nil || be == 0 || rs < be {
@@ -358,7 +359,7 @@ func checkBoot(t *testing.T, what string, rep report, mode string, e images.Mino
 		}
 	}
 	// The node files: forwarding, bridge netfilter, CNI plugins where containerd looks.
-	nf := parseEnv(rep.blob(t, "node"))
+	nf := kairosimage.ParseRelease(rep.blob(t, "node"))
 	if nf["ip_forward"] != "1" || nf["br_netfilter"] != "yes" || nf["cni_bridge"] != "yes" {
 		t.Errorf("%s: node files not in effect: %v", what, nf)
 	}
@@ -379,7 +380,7 @@ func installConfig(t *testing.T, page *docs.Page, e images.MinorEntry) []byte {
 	rand.Read(token)
 	fill := map[string]string{
 		"<registry>":            guestRegistry,
-		"<your public key>":     sshKey(pub),
+		"<your public key>":     sshKey(t, pub),
 		"<this node's address>": guestAddr,
 	}
 	for k, v := range fill {
@@ -557,13 +558,16 @@ func runVM(t *testing.T, ctx context.Context, dir, name string, budget time.Dura
 	for {
 		select {
 		case err := <-done:
-			b, _ := os.ReadFile(console)
+			b, rerr := readGuest(console, maxConsole)
 			if err != nil {
 				t.Fatalf("%s: qemu: %v (%s): %s", name, err, stderr.String(), vmtest.Tail(string(b), 60))
 			}
+			if rerr != nil {
+				t.Fatalf("%s: the console: %v", name, rerr)
+			}
 			return string(b)
 		case <-tick.C:
-			b, _ := os.ReadFile(console)
+			b, _ := readGuest(console, maxConsole)
 			for _, f := range failOn {
 				if bytes.Contains(b, []byte(f)) {
 					cancel()
@@ -636,7 +640,7 @@ type report struct {
 
 func readReport(t *testing.T, path, console string) report {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	b, err := readGuest(path, maxReport)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -777,24 +781,25 @@ func yamlBlock(t *testing.T, path, want string) string {
 	return ""
 }
 
-// sshKey is an OpenSSH public key line for an ed25519 key.
-func sshKey(pub ed25519.PublicKey) string {
-	var b bytes.Buffer
-	for _, part := range [][]byte{[]byte("ssh-ed25519"), pub} {
-		binary.Write(&b, binary.BigEndian, uint32(len(part)))
-		b.Write(part)
+// sshKey is an OpenSSH authorized_keys line for an ed25519 key.
+func sshKey(t *testing.T, pub ed25519.PublicKey) string {
+	t.Helper()
+	k, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return "ssh-ed25519 " + base64.StdEncoding.EncodeToString(b.Bytes()) + " pk-test"
+	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(k))) + " pk-test"
 }
 
-func parseEnv(s string) map[string]string {
-	out := map[string]string{}
-	for _, l := range strings.Split(s, "\n") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(l), "="); ok {
-			out[k] = strings.Trim(v, `"`)
-		}
-	}
-	return out
+// What the guest writes on its serial ports is bounded when read back:
+// the guest is a peer, not a part of the test.
+const (
+	maxConsole = 256 << 20
+	maxReport  = 16 << 20
+)
+
+func readGuest(path string, limit int64) ([]byte, error) {
+	return fsutil.ReadFileNoFollow(path, limit)
 }
 
 func repoRoot() string {
