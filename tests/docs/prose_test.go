@@ -62,7 +62,7 @@ func TestJoinMaterialLifetimeHasOneHome(t *testing.T) {
 		}
 	}
 	all["README.md"] = strings.Replace(strings.Replace(readme, join, "", 1), init, "", 1)
-	secret := regexp.MustCompile(`(?i)\btoken\b|certificate key|join material`)
+	secret := regexp.MustCompile(`(?i)\btoken\b|certificate key|join material|uploaded (control-plane )?certificates`)
 	lifetime := regexp.MustCompile(`(?i)\b(hours?|days?|minutes?|\d+ ?[hm])\b|lifetime|expire|valid for`)
 	for name, text := range all {
 		for _, s := range sentences(text) {
