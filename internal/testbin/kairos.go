@@ -2,11 +2,9 @@ package testbin
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 )
@@ -107,18 +105,8 @@ func moduleDir(ctx context.Context, module, ver string) (string, error) {
 	if err := os.WriteFile(filepath.Join(tmp, "go.mod"), []byte(gm), 0o644); err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(ctx, goBin(), "mod", "download", "-json", module+"@"+ver)
-	cmd.Dir = tmp
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
-	b, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("go mod download %s@%s: %w", module, ver, exitDetail(err))
-	}
-	var info struct{ Dir, Error string }
-	if err := json.Unmarshal(b, &info); err != nil || info.Dir == "" {
-		return "", fmt.Errorf("go mod download %s@%s: no directory (%s)", module, ver, info.Error)
-	}
-	return info.Dir, nil
+	info, err := modDownload(ctx, tmp, module, ver)
+	return info.Dir, err
 }
 
 // copyTree copies the regular files and directories of src into dst,

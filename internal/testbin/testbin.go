@@ -213,16 +213,9 @@ func writeWrapper(ctx context.Context, dir string, v version.Version) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, goBin(), "mod", "download", "-json", "k8s.io/kubernetes@"+v.String())
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
-	outb, err := cmd.Output()
+	info, err := modDownload(ctx, dir, "k8s.io/kubernetes", v.String())
 	if err != nil {
-		return fmt.Errorf("go mod download k8s.io/kubernetes@%s: %w", v, exitDetail(err))
-	}
-	var info struct{ GoMod, Error string }
-	if err := json.Unmarshal(outb, &info); err != nil || info.GoMod == "" {
-		return fmt.Errorf("go mod download k8s.io/kubernetes@%s: no go.mod (%s)", v, info.Error)
+		return err
 	}
 	staging, err := stagingModules(info.GoMod)
 	if err != nil {
@@ -238,6 +231,26 @@ func writeWrapper(ctx context.Context, dir string, v version.Version) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "tools.go"), []byte("//go:build tools\n\npackage tools\n\nimport _ \"k8s.io/kubernetes/cmd/kubeadm\"\n"), 0o644)
+}
+
+// modInfo is what `go mod download -json` says of one module.
+type modInfo struct{ Dir, GoMod, Error string }
+
+// modDownload downloads module@ver through the module proxy (from dir, a
+// module directory) and returns where it landed in the module cache.
+func modDownload(ctx context.Context, dir, module, ver string) (modInfo, error) {
+	cmd := exec.CommandContext(ctx, goBin(), "mod", "download", "-json", module+"@"+ver)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
+	out, err := cmd.Output()
+	if err != nil {
+		return modInfo{}, fmt.Errorf("go mod download %s@%s: %w", module, ver, exitDetail(err))
+	}
+	var info modInfo
+	if err := json.Unmarshal(out, &info); err != nil || info.Dir == "" || info.GoMod == "" {
+		return modInfo{}, fmt.Errorf("go mod download %s@%s: no module directory or go.mod (%s)", module, ver, info.Error)
+	}
+	return info, nil
 }
 
 func stagingModules(gomod string) ([]string, error) {
