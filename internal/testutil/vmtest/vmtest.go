@@ -39,7 +39,7 @@ func Need(t testing.TB, format string, a ...any) {
 	if Required() {
 		t.Fatalf("PROVIDER_KUBERNETES_VM=required but %s", msg)
 	}
-	testutil.SkipUnlessCI(t, "dm-crypt VM test: "+msg+" (.ci/run installs it)")
+	testutil.SkipUnlessCI(t, "VM test: "+msg)
 }
 
 // Host is what booting needs from this machine.
