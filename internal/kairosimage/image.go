@@ -155,6 +155,15 @@ func WriteNodeFiles(dir, pauseTag string) error {
 	return nil
 }
 
+// ReleaseStepArgs are kairos-init's arguments that run its kairosRelease
+// step alone (every other step of the init stage skipped), writing
+// /etc/kairos-release for release. The Earthfile runs the same (a test
+// keeps them equal).
+func ReleaseStepArgs(release string) []string {
+	return []string{"-l", "info", "-s", "init", "-m", "generic", "-t", "false", "--version", release,
+		"--skip-step", "kernel,initramfsConfigs,initrd,services,workarounds,cleanup"}
+}
+
 // writeRelease runs kairos-init's kairosRelease step alone in an overlay of
 // the tree over the base (so the provider the tree installs answers
 // init.provider.info), keeps the /etc/kairos-release it wrote, and checks
@@ -172,8 +181,7 @@ func writeRelease(ctx context.Context, o Options, work string, base Base, tree, 
 		return nil, "", err
 	}
 	err = Chroot(ctx, o.Log, 10*time.Minute, scratch, []string{tree, base.Rootfs},
-		"/kairos-init", "-l", "info", "-s", "init", "-m", "generic", "-t", "false", "--version", releaseVersion(),
-		"--skip-step", "kernel,initramfsConfigs,initrd,services,workarounds,cleanup")
+		append([]string{"/kairos-init"}, ReleaseStepArgs(releaseVersion())...)...)
 	if err != nil {
 		return nil, "", err
 	}
