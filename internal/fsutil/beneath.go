@@ -106,7 +106,14 @@ func ReadDirAt(dir *os.File) ([]os.DirEntry, error) {
 // dir: created exclusively without following a symlink, fsynced, renamed
 // over name, the directory fsynced, read back and compared, all through
 // the handle.
-func WriteFileAtomicAt(dir *os.File, name string, data []byte, mode os.FileMode) (err error) {
+func WriteFileAtomicAt(dir *os.File, name string, data []byte, mode os.FileMode) error {
+	return WriteFileAtomicAtGroup(dir, name, data, mode, -1)
+}
+
+// WriteFileAtomicAtGroup is WriteFileAtomicAt giving the new file the
+// group gid (-1: the writer's) before it is renamed into place: a file
+// replaced keeps the group it had, so nobody gains or loses read access.
+func WriteFileAtomicAtGroup(dir *os.File, name string, data []byte, mode os.FileMode, gid int) (err error) {
 	if name == "" || strings.ContainsRune(name, '/') || name == "." || name == ".." {
 		return fmt.Errorf("%q is not a file name", name)
 	}
@@ -126,6 +133,12 @@ func WriteFileAtomicAt(dir *os.File, name string, data []byte, mode os.FileMode)
 			_ = unix.Unlinkat(dfd, part, 0)
 		}
 	}()
+	// The group before the mode: a chown may clear mode bits.
+	if gid >= 0 {
+		if err = f.Chown(-1, gid); err != nil {
+			return fmt.Errorf("chown %s.part: %w", shown, err)
+		}
+	}
 	if err = f.Chmod(mode.Perm()); err != nil {
 		return fmt.Errorf("chmod %s.part: %w", shown, err)
 	}

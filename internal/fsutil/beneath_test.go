@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 )
 
@@ -38,5 +39,34 @@ func TestOpenDirNoFollow(t *testing.T) {
 	}
 	if _, err := OpenDirNoFollow(root, "/etc/missing"); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("missing: %v", err)
+	}
+}
+
+// The replacement gets the group asked for (a file replaced keeps who may
+// read it) and exactly the mode, whatever the umask.
+func TestWriteFileAtomicAtGroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("gives a file another group: needs root")
+	}
+	root := t.TempDir()
+	dir, err := OpenDirNoFollow(root, "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	for _, c := range []struct {
+		gid, want int
+		mode      os.FileMode
+	}{{4, 4, 0o640}, {-1, os.Getegid(), 0o604}} {
+		if err := WriteFileAtomicAtGroup(dir, "f", []byte("x"), c.mode, c.gid); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Lstat(filepath.Join(root, "f"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); int(st.Gid) != c.want || fi.Mode() != c.mode {
+			t.Fatalf("gid %d: written %v gid %d", c.gid, fi.Mode(), st.Gid)
+		}
 	}
 }
