@@ -57,6 +57,10 @@ const (
 	// EtcdBackupDir holds the provider's pre-upgrade snapshots: a reset keeps it.
 	EtcdBackupDir = PersistDir + "/etcd-backup"
 
+	// OEMDir holds an installed node's own cloud-config (the operator's
+	// cluster: section, and with it the pin), read by Kairos at every boot.
+	OEMDir = "/oem"
+
 	// CloudConfigDir is where the plugin writes the yip config Kairos runs at boot.
 	CloudConfigDir = "/usr/local/cloud-config"
 	ClusterYipFile = CloudConfigDir + "/cluster.kairos.yaml"
