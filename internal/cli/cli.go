@@ -79,6 +79,13 @@ Usage:
       The pre-upgrade etcd snapshot step alone, with the reconcile pass's rules
       and its single "etcd-snapshot outcome=..." line (also appended to the
       reconcile log). Exit 0 when taken or skipped, 1 when failed.
+  provider-kubernetes pin show [--root DIR]
+      This node's pin (clusterConfiguration.kubernetesVersion in the cluster:
+      section of its /oem cloud-config) and the file it is in.
+  provider-kubernetes pin set vX.Y.Z [--dry-run] [--root DIR]
+      Set the pin in that file, every other byte kept, atomically, with its
+      owner, group and mode; --dry-run prints the change. The next boot
+      decides what the new pin does. Exit 3 where it cannot be done safely.
   provider-kubernetes restore-etcd --snapshot FILE --manifests DIR --initial-cluster NAME=URL,...
                                    [--cluster-token T] --yes [--root DIR]
       Restore this node's stacked etcd member from a snapshot, with the
@@ -177,6 +184,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdReconcile(ctx, args[1:], stdout, stderr)
 	case "plan":
 		return cmdPlan(ctx, args[1:], stdout, stderr)
+	case "pin":
+		return cmdPin(args[1:], stdout, stderr)
 	case "status":
 		return cmdStatus(ctx, args[1:], stdout, stderr)
 	case "join-config":

@@ -1,0 +1,104 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/pin"
+	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/pkg/plan"
+)
+
+// cmdPin is `pin show` and `pin set vX.Y.Z`: the node's pin in its /oem
+// cloud-config. Exit 0 shown, set or already set; 1 failed; 2 usage; 3
+// refused (nothing changed).
+func cmdPin(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] != "show" && args[0] != "set" {
+		fmt.Fprintf(stderr, "pin: show or set vX.Y.Z\n\n%s", usage)
+		return reconcile.ExitUsage
+	}
+	sub, args := args[0], args[1:]
+	fs := newFlags("pin "+sub, stderr)
+	root := fs.String("root", "/", "host root every path is read and written under")
+	dryRun := false
+	if sub == "set" {
+		fs.BoolVar(&dryRun, "dry-run", false, "print the change, write nothing")
+	}
+	// set's version is its one argument, before or after the flags.
+	arg := ""
+	if sub == "set" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		arg, args = args[0], args[1:]
+	} else if sub == "set" {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return reconcile.ExitOK
+			}
+			return reconcile.ExitUsage
+		}
+		if args = fs.Args(); len(args) > 0 {
+			arg, args = args[0], args[1:]
+		}
+	}
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	r := paths.Root(*root)
+	if sub == "show" {
+		return pinShow(r, stdout, stderr)
+	}
+	if arg == "" {
+		fmt.Fprintln(stderr, "pin set: the version to pin is missing: pin set vX.Y.Z")
+		return reconcile.ExitUsage
+	}
+	v, err := pin.Target(images.Window(), arg)
+	if err != nil {
+		fmt.Fprintf(stderr, "pin set: %s\n", status.Printable(err.Error()))
+		return reconcile.ExitUsage
+	}
+	ch, err := pin.Set(r, v, dryRun)
+	if err != nil {
+		return pinFailed("pin set", err, stderr)
+	}
+	switch {
+	case ch.From == v.String():
+		fmt.Fprintf(stdout, "%s already pins %s: nothing changed\n", status.Printable(ch.Path), v)
+	case dryRun:
+		for _, l := range strings.SplitAfter(ch.Diff, "\n") {
+			fmt.Fprint(stdout, status.Printable(strings.TrimSuffix(l, "\n")), strings.Repeat("\n", strings.Count(l, "\n")))
+		}
+		fmt.Fprintln(stderr, "dry run: nothing written")
+	default:
+		fmt.Fprintf(stdout, "%s: pin %s -> %s (the next boot decides what it does with it)\n", status.Printable(ch.Path), status.Printable(plan.ShownPin(ch.From)), v)
+	}
+	return reconcile.ExitOK
+}
+
+func pinShow(r paths.Root, stdout, stderr io.Writer) int {
+	f, err := pin.Find(r)
+	if err != nil {
+		return pinFailed("pin show", err, stderr)
+	}
+	defer f.Close()
+	shown := plan.ShownPin(f.Pin)
+	if shown == "" {
+		shown = "(empty)"
+	}
+	fmt.Fprintf(stdout, "Pin:  %s\nFile: %s\n", status.Printable(shown), status.Printable(f.Path))
+	return reconcile.ExitOK
+}
+
+// pinFailed reports err: a refusal exits 3, anything else 1.
+func pinFailed(what string, err error, stderr io.Writer) int {
+	if errors.Is(err, pin.ErrRefused) {
+		fmt.Fprintf(stderr, "%s: refused: %s\n", what, status.Printable(err.Error()))
+		return reconcile.ExitRefused
+	}
+	fmt.Fprintf(stderr, "%s: %s\n", what, status.Printable(err.Error()))
+	return reconcile.ExitFailed
+}
