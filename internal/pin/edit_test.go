@@ -86,6 +86,10 @@ func TestEditRefusesWhatItCannotEditInPlace(t *testing.T) {
 		{"config a map", "#cloud-config\ncluster:\n  config:\n    clusterConfiguration:\n      kubernetesVersion: v1.36.3\n", "config is not a string"},
 		{"no section", "#cloud-config\nhostname: a\n", "does not set the cluster: section's config"},
 		{"not YAML", "#cloud-config\ncluster: [\n", "not YAML"},
+		// The plugin's parser (sigs.k8s.io/yaml, JSON field names matched
+		// regardless of case) reads the second of these, which yaml.v3
+		// sees as another key.
+		{"the pin given twice by case", cc("      kubernetesVersion: v1.36.3\n    clusterconfiguration:\n      kubernetesVersion: v1.35.3\n"), "the plugin reads another clusterConfiguration.kubernetesVersion than this one"},
 		{"cluster given twice", "#cloud-config\ncluster:\n  role: init\ncluster:\n  config: |\n    clusterConfiguration:\n      kubernetesVersion: v1.36.3\n", "the cloud-config sets cluster 2 times"},
 	}
 	for _, c := range cases {
@@ -135,6 +139,36 @@ func TestTarget(t *testing.T) {
 			if strings.Contains(strings.TrimSuffix(err.Error(), " such as v1.37.2"), in) {
 				t.Errorf("%q: the error quotes the value: %v", in, err)
 			}
+		}
+	}
+}
+
+// The check before any write catches a result that differs from the
+// original anywhere but the pin, or whose pin does not read the target.
+func TestCheckCatchesMoreThanThePin(t *testing.T) {
+	old := "#cloud-config\nhostname: cp1\ncluster:\n  role: init\n  config: |\n    clusterConfiguration:\n      kubernetesVersion: v1.36.3\n    initConfiguration:\n      nodeRegistration:\n        name: cp1\n"
+	v := version.MustParse("v1.37.2")
+	good := strings.Replace(old, "v1.36.3", "v1.37.2", 1)
+	if err := check([]byte(old), []byte(good), v); err != nil {
+		t.Fatal(err)
+	}
+	for name, out := range map[string]string{
+		"another key":                 strings.Replace(good, "hostname: cp1", "hostname: cp2", 1),
+		"another kubeadm setting":     strings.Replace(good, "name: cp1", "name: cp2", 1),
+		"the section's role":          strings.Replace(good, "role: init", "role: worker", 1),
+		"another pin":                 old,
+		"the pin moved out of config": strings.Replace(good, "    clusterConfiguration:\n      kubernetesVersion: v1.37.2\n", "", 1),
+		"a key added":                 good + "users: []\n",
+		// A section the plugin refuses (env is not used) is still checked.
+		"another pin, env set":         strings.Replace(old, "  role: init\n", "  role: init\n  env: [a]\n", 1),
+		"config's documents reordered": strings.Replace(good, "    clusterConfiguration:\n      kubernetesVersion: v1.37.2\n    initConfiguration:\n      nodeRegistration:\n        name: cp1\n", "    initConfiguration:\n      nodeRegistration:\n        name: cp1\n    clusterConfiguration:\n      kubernetesVersion: v1.37.2\n      clusterName: x\n", 1),
+	} {
+		base := old
+		if strings.Contains(out, "env: [a]") {
+			base = strings.Replace(old, "  role: init\n", "  role: init\n  env: [a]\n", 1)
+		}
+		if err := check([]byte(base), []byte(out), v); err == nil {
+			t.Errorf("%s: passed the check", name)
 		}
 	}
 }

@@ -88,7 +88,7 @@ func TestSetRefusals(t *testing.T) {
 			n.Write("/usr/local/custom.yaml", custom, 0o600)
 			mkdir(t, n.Path("/oem"), 0o755)
 			symlink(t, "../usr/local/custom.yaml", n.Path("/oem/90_custom.yaml"))
-		}, "/oem/90_custom.yaml is a symlink", true},
+		}, "/oem/90_custom.yaml is a symlink: Kairos reads the file it points to", true},
 		{"a FIFO", func(t *testing.T, n *testutil.Node) {
 			n.Write("/oem/90_custom.yaml", custom, 0o600)
 			testutil.Plant(t, n.Path("/oem/91_fifo.yaml"), testutil.FIFO)
@@ -104,6 +104,18 @@ func TestSetRefusals(t *testing.T) {
 			n.Write("/oem/90_custom.yaml", custom, 0o600)
 			mkdir(t, n.Path("/oem/a/b/c/d/e/f/g/h/i"), 0o755)
 		}, "/oem/a/b/c/d/e/f/g/h is nested more than 8 directories below /oem", true},
+		{"too many YAML files", func(t *testing.T, n *testutil.Node) {
+			n.Write("/oem/90_custom.yaml", custom, 0o600)
+			for i := range 256 {
+				n.Write(fmt.Sprintf("/oem/more/%03d.yml", i), "#cloud-config\n", 0o600)
+			}
+		}, "/oem holds more than 256 YAML files", true},
+		{"too many entries", func(t *testing.T, n *testutil.Node) {
+			n.Write("/oem/90_custom.yaml", custom, 0o600)
+			for i := range 4096 {
+				n.Write(fmt.Sprintf("/oem/notes/%04d.txt", i), "", 0o600)
+			}
+		}, "/oem holds more than 4096 entries", true},
 		{"hard-linked", func(t *testing.T, n *testutil.Node) {
 			n.Write("/oem/90_custom.yaml", custom, 0o600)
 			if err := os.Link(n.Path("/oem/90_custom.yaml"), n.Path("/oem/copy")); err != nil {
