@@ -1,6 +1,7 @@
 package docs_test
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -32,12 +33,24 @@ func TestUpgradePage(t *testing.T) {
 			t.Fatal("the preview changed the node")
 		}
 
-		// The pin bump, on the operator's cloud-config.
-		const cc = "#cloud-config\nhostname: cp1\ncluster:\n  role: init\n  config: |\n    clusterConfiguration:\n      kubernetesVersion: v1.36.3\n"
-		cp.Write("/oem/90_custom.yaml", cc, 0o600)
-		cp.docOK(p, "sed -i")
-		if got, want := cp.Read("/oem/90_custom.yaml"), strings.Replace(cc, "v1.36.3", "v1.37.2", 1); got != want {
+		// The pin bump, on the operator's cloud-config: the pin's
+		// characters change, nothing else (its comments, its quoting, the
+		// old version elsewhere in the file, its mode).
+		const cc = "#cloud-config\n# cp1, pinned with its image (was v1.36.3)\nhostname: cp1\ncluster:\n  role: init\n  config: |\n    clusterConfiguration:\n      kubernetesVersion: 'v1.36.3' # the pin\n" +
+			"    initConfiguration:\n      nodeRegistration:\n        name: cp1\nwrite_files:\n- path: /etc/motd\n  content: |\n    kubernetesVersion: v1.36.3\n"
+		cp.Write("/oem/90_custom.yaml", cc, 0o640)
+		out = cp.docOK(p, "provider-kubernetes pin set")
+		if want := example(t, p, "provider-kubernetes pin set"); out != want {
+			t.Fatalf("docs/upgrade.md shows the pin bump printing:\n%s\nit prints:\n%s", want, out)
+		}
+		if got, want := cp.Read("/oem/90_custom.yaml"), strings.Replace(cc, "'v1.36.3'", "'v1.37.2'", 1); got != want {
 			t.Fatalf("the pin bump left:\n%s", got)
+		}
+		if fi, err := os.Lstat(cp.Path("/oem/90_custom.yaml")); err != nil || fi.Mode() != 0o640 {
+			t.Fatalf("the pin bump left the file %v %v", fi.Mode(), err)
+		}
+		if ents, err := os.ReadDir(cp.Path("/oem")); err != nil || len(ents) != 1 {
+			t.Fatalf("the pin bump left in /oem: %v %v", ents, err)
 		}
 
 		// After: a control plane whose passes converged at 1.37.2, twice.

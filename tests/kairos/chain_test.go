@@ -190,6 +190,9 @@ func newChroot(t *testing.T, dir string) *chroot {
 	// the provider where Kairos finds plugins, kairos-init's notify stage.
 	testutil.CopyFile(t, os.Getenv(agentEnv), c.path("usr/local/bin/kairos-agent"), 0o755)
 	testutil.CopyFile(t, os.Getenv(providerEnv), c.path(paths.ProviderPlugin), 0o755)
+	if err := os.Symlink(paths.ProviderPlugin, c.path("usr/local/bin/provider-kubernetes")); err != nil {
+		t.Fatal(err)
+	}
 	c.write(kairos.NotifyStageFile, []byte(kairos.NotifyStage), 0o644)
 	// No systemd in a chroot: the boot stage's `systemctl start` is recorded.
 	c.write("usr/local/bin/systemctl", []byte("#!/bin/sh\necho \"$*\" >> /run/systemctl.log\n"), 0o755)
@@ -347,11 +350,12 @@ func chainChild(t *testing.T, dir string) {
 		}
 	}
 
-	// docs/cloud-config.md's pin bump, from 1.36.3 to 1.37.2, is an edit
-	// the plugin then accepts.
+	// The pin bump of docs/upgrade.md (cloud-config.md links there), from
+	// 1.36.3 to 1.37.2, is an edit of the pin alone that the real agent
+	// and plugin then accept.
 	c.write(kairos.OEMCloudConfig, cloudConfig(section("init", "v1.36.3")), 0o600)
-	if out, code := c.doc("cloud-config.md", "sed -i"); code != 0 {
-		t.Fatalf("docs/cloud-config.md's sed: exit %d %s", code, out)
+	if out, code := c.doc("upgrade.md", "provider-kubernetes pin set"); code != 0 {
+		t.Fatalf("docs/upgrade.md's pin set: exit %d %s", code, out)
 	}
 	if want := cloudConfig(section("init", "v1.37.2")); !bytes.Equal(c.read(kairos.OEMCloudConfig), want) {
 		t.Fatalf("the documented pin bump left:\n%s", c.read(kairos.OEMCloudConfig))
