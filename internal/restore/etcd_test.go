@@ -3,15 +3,12 @@ package restore_test
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -279,43 +276,6 @@ func (m *member) restoreEtcd(extra ...string) (int, string, string) {
 	var out, errb bytes.Buffer
 	code := cli.Main(context.Background(), args, &out, &errb)
 	return code, out.String(), errb.String()
-}
-
-// digest is every entry under dir: path, type, mode, owner and content
-// hash (a symlink's target), so "untouched" can be asserted.
-func digest(t *testing.T, dir string) string {
-	t.Helper()
-	var lines []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		st := fi.Sys().(*syscall.Stat_t)
-		rel, _ := filepath.Rel(dir, p)
-		l := fmt.Sprintf("%s %v %d:%d", rel, fi.Mode(), st.Uid, st.Gid)
-		switch {
-		case fi.Mode().IsRegular():
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			l += fmt.Sprintf(" %x", sha256.Sum256(b))
-		case fi.Mode()&fs.ModeSymlink != 0:
-			target, _ := os.Readlink(p)
-			l += " -> " + target
-		}
-		lines = append(lines, l)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(lines)
-	return strings.Join(lines, "\n")
 }
 
 // names lists a directory's entries.

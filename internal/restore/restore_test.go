@@ -53,7 +53,7 @@ func TestRestoreThreeMembers(t *testing.T) {
 		copySnapshot(t, ms[0].n, m.n)
 	}
 	for _, m := range ms {
-		before[m.name()] = digest(t, m.memberDir())
+		before[m.name()] = testutil.Digest(t, m.memberDir())
 		m.moveManifestsOut()
 	}
 
@@ -105,7 +105,7 @@ func TestRestoreThreeMembers(t *testing.T) {
 				t.Errorf("%s: %s left in the data dir", m.name(), e)
 			}
 		}
-		if len(aside) != 1 || digest(t, filepath.Join(m.dataDir(), aside[0])) != before[m.name()] {
+		if len(aside) != 1 || testutil.Digest(t, filepath.Join(m.dataDir(), aside[0])) != before[m.name()] {
 			t.Fatalf("%s: moved-aside %v is not the old member directory", m.name(), aside)
 		}
 		for _, d := range []string{m.dataDir(), m.memberDir()} {
@@ -337,7 +337,7 @@ func TestRestoreRefusesAndChangesNothing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			before := digest(t, dataDir)
+			before := testutil.Digest(t, dataDir)
 			if c.live {
 				before = strings.Join(names(t, dataDir), " ")
 			}
@@ -353,7 +353,7 @@ func TestRestoreRefusesAndChangesNothing(t *testing.T) {
 			if n := strings.Count(errOut, "\n  - "); c.lines > 0 && n != c.lines {
 				t.Errorf("%d refusals, want %d (one per address):\n%s", n, c.lines, errOut)
 			}
-			after := digest(t, dataDir)
+			after := testutil.Digest(t, dataDir)
 			if c.live {
 				after = strings.Join(names(t, dataDir), " ")
 			}
