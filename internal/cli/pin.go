@@ -69,8 +69,8 @@ func cmdPin(args []string, stdout, stderr io.Writer) int {
 	case ch.From == v.String():
 		fmt.Fprintf(stdout, "%s already pins %s: nothing changed\n", status.Printable(ch.Path), v)
 	case dryRun:
-		for _, l := range strings.SplitAfter(ch.Diff, "\n") {
-			fmt.Fprint(stdout, status.Printable(strings.TrimSuffix(l, "\n")), strings.Repeat("\n", strings.Count(l, "\n")))
+		for _, l := range strings.Split(strings.TrimSuffix(ch.Diff, "\n"), "\n") {
+			fmt.Fprintln(stdout, status.Printable(l))
 		}
 		fmt.Fprintln(stderr, "dry run: nothing written")
 	default:
