@@ -38,7 +38,7 @@ test-short:
 	$(GO) test -short ./...
 
 # The end-to-end suite alone, with progress lines (root; real nspawn nodes;
-# see README "End-to-end suite"). `make test` runs it too, with the rest.
+# see docs/development.md "End-to-end suite"). `make test` runs it too, with the rest.
 e2e:
 	$(GO) test -count=1 -timeout 85m -v ./tests/e2e/...
 

@@ -42,14 +42,16 @@ func sentences(s string) []string {
 // hours is a whole number of hours as the pages write it: 24h, 168h.
 func hours(d time.Duration) string { return fmt.Sprintf("%dh", d/time.Hour) }
 
-// How long join material lasts has one home, the README's "Joining more
-// nodes" (the init token's: "Init and join"), stating the code's values;
-// no other text states a lifetime of its own (reset-and-rejoin.md said
-// "valid for an hour" of a token that join-config creates for 24h).
+// How long join material lasts has one home, how-it-works.md's "Joining
+// more nodes" (the init token's: "Init and join"), stating the code's
+// values; no other text, the README included, states a lifetime of its own
+// (reset-and-rejoin.md said "valid for an hour" of a token that join-config
+// creates for 24h).
 func TestJoinMaterialLifetimeHasOneHome(t *testing.T) {
+	const home = "docs/how-it-works.md"
 	all := texts(t)
-	readme := all["README.md"]
-	join, init := section(t, readme, "## Joining more nodes"), section(t, readme, "## Init and join")
+	page := all[home]
+	join, init := section(t, page, "## Joining more nodes"), section(t, page, "## Init and join")
 	for _, c := range []struct{ text, want string }{
 		{join, "`--ttl " + hours(clusterconfig.DefaultTokenTTL) + "` by default, at most " + hours(clusterconfig.MaxTokenTTL)},
 		{join, fmt.Sprintf("a control plane within %d hours", joinconfig.CertsLifetime/time.Hour)},
@@ -58,16 +60,16 @@ func TestJoinMaterialLifetimeHasOneHome(t *testing.T) {
 		{init, "kubeadm deletes the uploaded control-plane certificates after " + hours(joinconfig.CertsLifetime)},
 	} {
 		if !strings.Contains(oneLine(c.text), c.want) {
-			t.Errorf("README.md does not say %q", c.want)
+			t.Errorf("%s does not say %q", home, c.want)
 		}
 	}
-	all["README.md"] = strings.Replace(strings.Replace(readme, join, "", 1), init, "", 1)
+	all[home] = strings.Replace(strings.Replace(page, join, "", 1), init, "", 1)
 	secret := regexp.MustCompile(`(?i)\btoken\b|certificate key|join material|uploaded (control-plane )?certificates`)
 	lifetime := regexp.MustCompile(`(?i)\b(hours?|days?|minutes?|\d+ ?[hm])\b|lifetime|expire|valid for`)
 	for name, text := range all {
 		for _, s := range sentences(text) {
 			if secret.MatchString(s) && lifetime.MatchString(s) {
-				t.Errorf("%s states how long join material lasts (%q): say it in README.md's Joining more nodes and link there", name, s)
+				t.Errorf("%s states how long join material lasts (%q): say it in %s's Joining more nodes and link there", name, s, home)
 			}
 		}
 	}
