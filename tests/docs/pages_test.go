@@ -1,9 +1,6 @@
 package docs_test
 
 import (
-	"os"
-	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 
@@ -67,27 +64,8 @@ func TestLinks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	for _, page := range pages {
-		for _, m := range link.FindAllStringSubmatch(read(t, page), -1) {
-			target := m[1]
-			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
-				continue
-			}
-			file, anchor, _ := strings.Cut(target, "#")
-			path := filepath.Join(docs.Dir(), page)
-			if file != "" {
-				path = filepath.Join(docs.Dir(), file)
-			}
-			b, err := os.ReadFile(path)
-			if err != nil {
-				t.Errorf("docs/%s links %s: %v", page, target, err)
-				continue
-			}
-			if anchor != "" && !contains(anchors(string(b)), anchor) {
-				t.Errorf("docs/%s links %s: no such heading there", page, target)
-			}
-		}
+		checkLinks(t, "docs/"+page, read(t, page), docs.Dir())
 	}
 }
 
