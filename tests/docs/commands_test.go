@@ -1,0 +1,78 @@
+package docs_test
+
+import (
+	"encoding/json"
+	"os/exec"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// reference.md's Commands table has a row for every command the binary's
+// own `help` lists and none it does not; the JSON `plan -o json` prints has
+// only the keys the section names, and the section names every action
+// pkg/plan can plan.
+func TestReferenceCommands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the provider: not in -short mode")
+	}
+	bin := provider(t)
+	out, err := exec.Command(bin, "help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("provider-kubernetes help: %v\n%s", err, out)
+	}
+	var cmds []string
+	for _, m := range regexp.MustCompile(`(?m)^\s+provider-kubernetes ([a-z][a-z-]*)`).FindAllStringSubmatch(string(out), -1) {
+		cmds = append(cmds, m[1])
+	}
+	cmds = uniqStrings(cmds)
+	if len(cmds) < 10 {
+		t.Fatalf("help lists %v: the scan is broken\n%s", cmds, out)
+	}
+	sec := section(t, read(t, "reference.md"), "## Commands")
+	rows := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z][a-z-]*)").FindAllStringSubmatch(sec, -1) {
+		rows[m[1]] = true
+	}
+	for _, c := range cmds {
+		if !rows[c] {
+			t.Errorf("provider-kubernetes help lists %s: no row in docs/reference.md's Commands", c)
+		}
+	}
+	for r := range rows {
+		if !contains(cmds, r) {
+			t.Errorf("docs/reference.md's Commands has a row for %s: provider-kubernetes help does not list it", r)
+		}
+	}
+
+	text := oneLine(sec)
+	out, err = exec.Command(bin, "plan", "-o", "json", "--pin", "v1.37.2", "--bundled", "v1.37.2", "--node-version", "v1.36.3",
+		"--cluster-version", "v1.36.3", "--role", "init", "--member=true").Output()
+	if err != nil {
+		t.Fatalf("plan -o json: %v\n%s", err, out)
+	}
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(out, &doc); err != nil {
+		t.Fatalf("plan -o json: %v\n%s", err, out)
+	}
+	for k := range doc {
+		if !strings.Contains(text, `"`+k+`"`) {
+			t.Errorf("plan -o json prints %q: not in docs/reference.md's Commands", k)
+		}
+	}
+	i := strings.Index(text, "Actions: ")
+	if i < 0 {
+		t.Fatal("docs/reference.md's Commands lists no actions")
+	}
+	listed := regexp.MustCompile("`([a-z-]+)`").FindAllStringSubmatch(text[i:i+strings.Index(text[i:], ".")], -1)
+	var got []string
+	for _, m := range listed {
+		got = append(got, m[1])
+	}
+	want := values(consts(t, "pkg/plan", func(n string) bool { return strings.HasPrefix(n, "Action") }))
+	sort.Strings(got)
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("docs/reference.md lists the actions %v; pkg/plan has %v", got, want)
+	}
+}
