@@ -116,8 +116,9 @@ func (r etcdctlFails) Run(ctx context.Context, c runner.Cmd) (runner.Result, err
 }
 
 // A failed attempt's reason is one sanitized line of at most 300 bytes
-// (README: "one line, sanitized, at most 300 bytes: no key material"),
-// in the result and in the outcome line, whatever the failure said.
+// (docs/how-it-works.md: "one line, sanitized, at most 300 bytes: no key
+// material"), in the result and in the outcome line, whatever the failure
+// said.
 func TestFailedReasonIsOneBoundedSanitizedLine(t *testing.T) {
 	testutil.RequireRoot(t)
 	f := newFixture(t)

@@ -27,7 +27,7 @@ func eventOfSize(t *testing.T, n int) []byte {
 }
 
 // Over 8 MiB on stdin, kairos-agent's event is refused before it is parsed
-// (the bound README and what-it-refuses.md state), naming the bound, and
+// (the bound what-it-refuses.md states), naming the bound, and
 // nothing is written under the root; exactly 8 MiB is read.
 func TestEventOverEightMiBIsRefused(t *testing.T) {
 	if _, err := readEvent(bytes.NewReader(eventOfSize(t, MaxEventSize))); err != nil {

@@ -12,8 +12,9 @@ import (
 )
 
 // Budgets bound every wait and every command of a pass. The defaults are
-// documented in the README; providerConfig.budgets in the cluster section
-// overrides them with its budget.<name> keys (durations such as "90s" or "10m").
+// documented in docs/reference.md (providerConfig); the cluster section's
+// providerConfig overrides them with budget.<name> keys (durations such as
+// "90s" or "10m").
 type Budgets struct {
 	// ClusterVersion: reading the cluster version when an upgrade may be due.
 	ClusterVersion time.Duration `json:"clusterVersion"`
