@@ -1,130 +1,23 @@
 package kube
 
 import (
-	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/base64"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/kairos-io/provider-kubernetes/internal/testbin"
-	"github.com/kairos-io/provider-kubernetes/internal/testutil"
-	"github.com/kairos-io/provider-kubernetes/internal/testutil/etcdtest"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/apiservertest"
 )
 
-// realAPIServer starts the real kube-apiserver v1.37.2 (built from modules,
-// cached) on loopback over a real (embedded) etcd, with a client CA of the
-// test's own, and returns an admin kubeconfig (system:masters) for it.
+// realAPIServer starts the real kube-apiserver v1.37.2 (apiservertest)
+// and returns an admin kubeconfig (system:masters) for it and its address.
 func realAPIServer(t *testing.T) (kubeconfig, addr string) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("runs the real kube-apiserver: not in -short mode")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	bin, err := testbinKubernetes(ctx, "v1.37.2", "kube-apiserver", t)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := testutil.NewNode(t, "cp1")
-	e := etcdtest.Start(t, n, etcdtest.Config{})
-	dir := t.TempDir()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-ca"}, NotBefore: time.Now().Add(-time.Hour),
-		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, _ := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	ca, _ := x509.ParseCertificate(caDER)
-	adminKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	adminDER, _ := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(2),
-		Subject:   pkix.Name{CommonName: "kubernetes-admin", Organization: []string{"system:masters"}},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, ca, &adminKey.PublicKey, caKey)
-	saKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	write := func(name string, blocks ...*pem.Block) string {
-		var b bytes.Buffer
-		for _, blk := range blocks {
-			pem.Encode(&b, blk)
-		}
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, b.Bytes(), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	keyBlock := func(k *ecdsa.PrivateKey) *pem.Block {
-		der, _ := x509.MarshalECPrivateKey(k)
-		return &pem.Block{Type: "EC PRIVATE KEY", Bytes: der}
-	}
-	saPubDER, _ := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
-	clientCA := write("client-ca.crt", &pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	saKeyFile := write("sa.key", keyBlock(saKey))
-	saPub := write("sa.pub", &pem.Block{Type: "PUBLIC KEY", Bytes: saPubDER})
-	port := etcdtest.FreePort(t)
-	addr = fmt.Sprintf("127.0.0.1:%d", port)
-	// The apiserver refuses to advertise a loopback address in its
-	// endpoints; it advertises a documentation address (TEST-NET-1) it
-	// never sends to, and serves on loopback.
-	const advertised = "192.0.2.10"
-	args := []string{"--etcd-servers=" + e.ClientURL,
-		"--etcd-cafile=" + n.Path(etcdtest.CACert), "--etcd-certfile=" + n.Path(etcdtest.HCCert), "--etcd-keyfile=" + n.Path(etcdtest.HCKey),
-		"--secure-port=" + fmt.Sprint(port), "--bind-address=127.0.0.1", "--advertise-address=" + advertised,
-		"--cert-dir=" + filepath.Join(dir, "certs"), "--client-ca-file=" + clientCA, "--authorization-mode=Node,RBAC",
-		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file=" + saPub,
-		"--service-account-signing-key-file=" + saKeyFile, "--service-cluster-ip-range=10.96.0.0/12",
-		"--endpoint-reconciler-type=lease",
-		// No controller manager runs to make the default ServiceAccount a pod
-		// would need; a mirror pod, as the kubelet makes one, has none.
-		"--disable-admission-plugins=ServiceAccount"}
-	cmd := exec.Command(bin, args...)
-	logf, err := os.Create(filepath.Join(dir, "apiserver.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		cmd.Wait()
-		logf.Close()
-	})
-	// The serving certificate the apiserver made itself is the CA to trust.
-	servingCA := filepath.Join(dir, "certs", "apiserver.crt")
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		if b, err := os.ReadFile(servingCA); err == nil && len(b) > 0 {
-			kubeconfig = "apiVersion: v1\nkind: Config\nclusters:\n- cluster: {server: 'https://" + addr + "', certificate-authority-data: " + base64.StdEncoding.EncodeToString(b) + "}\n  name: c\n" +
-				"contexts:\n- context: {cluster: c, user: admin}\n  name: admin\ncurrent-context: admin\nusers:\n- name: admin\n  user: {client-certificate-data: " +
-				base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: adminDER})) + ", client-key-data: " +
-				base64.StdEncoding.EncodeToString(pem.EncodeToMemory(keyBlock(adminKey))) + "}\n"
-			c := clientFor(t, kubeconfig, 5*time.Second)
-			if c.Readyz(context.Background()) == nil {
-				return kubeconfig, addr
-			}
-		}
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(logf.Name())
-			t.Fatalf("kube-apiserver not ready in 90s:\n%s", testutil.Tail(string(log), 30))
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	s := apiservertest.Start(t)
+	return s.Admin, s.Addr
 }
 
 // TestAgainstTheRealAPIServer: every call the provider makes, through
@@ -148,7 +41,7 @@ func TestAgainstTheRealAPIServer(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		servers, err = c.APIServers(ctx)
 	}
-	if want := strings.Replace(addr, "127.0.0.1", "192.0.2.10", 1); err != nil || len(servers) != 1 || servers[0] != want {
+	if want := strings.Replace(addr, "127.0.0.1", apiservertest.Advertised, 1); err != nil || len(servers) != 1 || servers[0] != want {
 		t.Fatalf("apiservers %v %v, want [%s]", servers, err, want)
 	}
 	at, err := c.At(addr)
@@ -291,19 +184,6 @@ func TestAgainstTheRealAPIServer(t *testing.T) {
 	if err := c.Delete(ctx, "kube-system", "secrets", "Bootstrap"); err == nil || !strings.Contains(err.Error(), "not an RFC 1123 name") {
 		t.Fatalf("an upper-case name: %v", err)
 	}
-}
-
-// testbinKubernetes is the cached real binary, its build (when cold)
-// logged through t.
-func testbinKubernetes(ctx context.Context, kver, name string, t *testing.T) (string, error) {
-	return testbin.Kubernetes(ctx, kver, name, logTo{t})
-}
-
-type logTo struct{ t *testing.T }
-
-func (l logTo) Write(p []byte) (int, error) {
-	l.t.Logf("%s", bytes.TrimRight(p, "\n"))
-	return len(p), nil
 }
 
 // createCluster creates a cluster-scoped core object (a Node).
