@@ -71,6 +71,7 @@ type Client struct {
 	cfg        *rest.Config
 	core       *rest.RESTClient // /api/v1
 	apps       *rest.RESTClient // /apis/apps/v1
+	policy     *rest.RESTClient // /apis/policy/v1
 	timeout    time.Duration    // each call's bound
 }
 
@@ -146,6 +147,11 @@ func newClient(rc *rest.Config, timeout time.Duration) (*Client, error) {
 	apps := *rc
 	apps.APIPath, apps.GroupVersion = "/apis", &schema.GroupVersion{Group: "apps", Version: "v1"}
 	if c.apps, err = rest.RESTClientForConfigAndClient(&apps, &h); err != nil {
+		return nil, err
+	}
+	policy := *rc
+	policy.APIPath, policy.GroupVersion = "/apis", &schema.GroupVersion{Group: "policy", Version: "v1"}
+	if c.policy, err = rest.RESTClientForConfigAndClient(&policy, &h); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -323,10 +329,13 @@ func unmarshalCaseSensitive(b []byte, out any) error {
 // IsNotFound reports an apiserver's answer that the object does not exist.
 func IsNotFound(err error) bool { return apierrors.IsNotFound(err) }
 
-// client is the REST client of a group ("" core, "apps").
+// client is the REST client of a group ("" core, "apps", "policy").
 func (c *Client) client(group string) *rest.RESTClient {
-	if group == "apps" {
+	switch group {
+	case "apps":
 		return c.apps
+	case "policy":
+		return c.policy
 	}
 	return c.core
 }
@@ -729,13 +738,23 @@ type NodeRecord struct {
 // listNodes lists the Nodes (those matching selector, when given), in
 // pages of MaxPage, at most MaxObjects in all.
 func (c *Client) listNodes(ctx context.Context, selector string) ([]node, error) {
-	var out []node
-	cont := ""
-	for {
-		r := c.core.Get().Resource("nodes").Param("limit", strconv.Itoa(MaxPage))
+	return list[node](ctx, "nodes", func() *rest.Request {
+		r := c.core.Get().Resource("nodes")
 		if selector != "" {
 			r = r.Param("labelSelector", selector)
 		}
+		return r
+	})
+}
+
+// list reads a list in pages of MaxPage, at most MaxObjects items in all:
+// req makes the first request of a page (the paging parameters are
+// added), what names the items in an error.
+func list[T any](ctx context.Context, what string, req func() *rest.Request) ([]T, error) {
+	var out []T
+	cont := ""
+	for {
+		r := req().Param("limit", strconv.Itoa(MaxPage))
 		if cont != "" {
 			r = r.Param("continue", cont)
 		}
@@ -747,7 +766,7 @@ func (c *Client) listNodes(ctx context.Context, selector string) ([]node, error)
 			Metadata struct {
 				Continue string `json:"continue"`
 			} `json:"metadata"`
-			Items []node `json:"items"`
+			Items []T `json:"items"`
 		}
 		if err == nil {
 			err = decode(b, &l)
@@ -756,7 +775,7 @@ func (c *Client) listNodes(ctx context.Context, selector string) ([]node, error)
 			return nil, err
 		}
 		if out = append(out, l.Items...); len(out) > MaxObjects {
-			return nil, fmt.Errorf("more than %d nodes listed", MaxObjects)
+			return nil, fmt.Errorf("more than %d %s listed", MaxObjects, what)
 		}
 		if cont = l.Metadata.Continue; cont == "" {
 			return out, nil
