@@ -1,8 +1,10 @@
 // Package publish puts a node's last reconcile pass on its own Node object:
 // annotations under one prefix (phase, versions, outcome, refusal, time,
-// boot id) and a Kubernetes Event for each refusal, upgrade start, finish
-// and failure the pass recorded, so `kubectl describe node` and
-// `provider-kubernetes status --cluster` tell the rollout's story.
+// boot id), the KubernetesUpgrade condition in the Node's status
+// (condition.go) and a Kubernetes Event for each refusal, upgrade start,
+// finish and failure the pass recorded, so `kubectl describe node`,
+// `kubectl wait` and `provider-kubernetes status --cluster` tell the
+// rollout's story.
 //
 // It runs after the pass (provider-kubernetes-publish.service, ordered
 // after the reconcile unit), never inside it: the API being down at boot
@@ -83,7 +85,7 @@ func Annotations(d status.Document) map[string]string {
 	m := map[string]string{
 		KeyPhase: d.Phase, KeyOutcome: outcome, KeyRole: d.Role, KeyNodeVersion: d.NodeVersion,
 		KeyVerifiedVersion: d.VerifiedVersion, KeyPin: d.Pin, KeyBundled: d.Bundled, KeyClusterVersion: d.ClusterVersion,
-		KeyRefusal: d.Refusal, KeyReason: d.Reason, KeyMessage: runner.Sanitize(status.Printable(d.Message), MaxMessage),
+		KeyRefusal: d.Refusal, KeyReason: d.Reason, KeyMessage: message(d),
 		KeyLastAction: d.LastAction, KeyTime: d.Time, KeyBootID: d.BootID,
 	}
 	out := make(map[string]string, len(m))
@@ -169,7 +171,9 @@ func Run(ctx context.Context, o Options) error {
 		cluster = c
 	}
 	nodeV, nodeErr := version.Parse(d.NodeVersion)
-	b := wait.Budget{Total: o.Budget, Interval: 5 * time.Second, PerAttempt: o.APIRequest * time.Duration(3+len(d.Events))}
+	// condition: the KubernetesUpgrade condition set, once per publish.
+	condition := ""
+	b := wait.Budget{Total: o.Budget, Interval: 5 * time.Second, PerAttempt: o.APIRequest * time.Duration(5+len(d.Events))}
 	err = wait.Poll(ctx, o.Clock, b, "publish the last pass on node "+node, func(ctx context.Context) (bool, error) {
 		if cluster.IsZero() {
 			if cluster, clusterErr = client.ClusterVersion(ctx); clusterErr == nil {
@@ -178,6 +182,17 @@ func Run(ctx context.Context, o Options) error {
 		}
 		if err := client.Annotate(ctx, node, annotations); err != nil {
 			return false, err
+		}
+		if condition == "" {
+			current, err := client.NodeConditions(ctx, node)
+			if err != nil {
+				return false, err
+			}
+			c := Condition(d, find(current, ConditionType), o.Clock.Now())
+			if err := client.SetNodeCondition(ctx, node, c); err != nil {
+				return false, err
+			}
+			condition = c.Status + "/" + c.Reason
 		}
 		for done < len(d.Events) {
 			ev := d.Events[done]
@@ -204,7 +219,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		return true, nil
 	})
-	attrs := []any{"outcome", "ok", "node", node, "annotations", len(annotations), "events", done, "duration", o.Clock.Now().Sub(start).Round(time.Millisecond).String()}
+	attrs := []any{"outcome", "ok", "node", node, "annotations", len(annotations), "condition", condition, "events", done, "duration", o.Clock.Now().Sub(start).Round(time.Millisecond).String()}
 	if clusterErr != nil {
 		attrs = append(attrs, "detail", "cluster version not read: "+runner.Sanitize(clusterErr.Error(), 300))
 	}

@@ -60,7 +60,13 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) run(t *testing.T, budget time.Duration) error {
 	t.Helper()
-	return Run(context.Background(), Options{Root: e.node.R(), Budget: budget, APIRequest: time.Second, Clock: testutil.NewClock(),
+	return e.runAt(t, budget, testutil.NewClock())
+}
+
+// runAt is run with the clock given.
+func (e *env) runAt(t *testing.T, budget time.Duration, clk *testutil.Clock) error {
+	t.Helper()
+	return Run(context.Background(), Options{Root: e.node.R(), Budget: budget, APIRequest: time.Second, Clock: clk,
 		Log: slog.New(slog.NewTextHandler(e.log, nil))})
 }
 

@@ -79,6 +79,17 @@ func (a *API) NodeAnnotations(name string) map[string]string {
 	return out
 }
 
+// NodeConditions returns a Node's conditions (nil when there is no such Node).
+func (a *API) NodeConditions(name string) []corev1.NodeCondition {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n, ok := a.nodes[name]
+	if !ok {
+		return nil
+	}
+	return append([]corev1.NodeCondition(nil), n.Status.Conditions...)
+}
+
 // Events returns the Events created so far.
 func (a *API) Events() []corev1.Event {
 	a.mu.Lock()
@@ -307,6 +318,36 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		_ = json.NewEncoder(w).Encode(obj)
+	case r.Method == http.MethodPatch && strings.HasPrefix(r.URL.Path, "/api/v1/nodes/") && strings.HasSuffix(r.URL.Path, "/status"):
+		// A strategic merge patch of status.conditions, as the provider
+		// sends its condition: each condition given replaces the one of its
+		// type, or is added; the others stay (the real apiserver's merge is
+		// tested against the real apiserver in internal/publish).
+		n, ok := a.nodes[strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/api/v1/nodes/"), "/status")]
+		if !ok {
+			status(w, http.StatusNotFound, "node not found", metav1.StatusReasonNotFound)
+			return
+		}
+		var patch struct {
+			Status struct {
+				Conditions []corev1.NodeCondition `json:"conditions"`
+			} `json:"status"`
+		}
+		if r.Header.Get("Content-Type") != "application/strategic-merge-patch+json" || json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&patch) != nil {
+			status(w, http.StatusBadRequest, "want a strategic merge patch of status.conditions")
+			return
+		}
+	next:
+		for _, c := range patch.Status.Conditions {
+			for i := range n.Status.Conditions {
+				if n.Status.Conditions[i].Type == c.Type {
+					n.Status.Conditions[i] = c
+					continue next
+				}
+			}
+			n.Status.Conditions = append(n.Status.Conditions, c)
+		}
+		_ = json.NewEncoder(w).Encode(n)
 	case r.Method == http.MethodPatch && strings.HasPrefix(r.URL.Path, "/api/v1/nodes/"):
 		// A JSON merge patch of metadata.annotations, as the provider sends.
 		n, ok := a.nodes[strings.TrimPrefix(r.URL.Path, "/api/v1/nodes/")]
