@@ -65,6 +65,15 @@ Usage:
       provider-kubernetes.kairos.io/ and an Event for each refusal, upgrade
       start, finish or failure; retries within D (default 5m) while the API
       comes up. Run by provider-kubernetes-publish.service after every pass.
+  provider-kubernetes drain [--node NAME] [--budget D] [--force] [--exclude-pod NS/NAME]...
+                            [--kubeconfig FILE] [--context NAME] [--root DIR]
+      Before a reboot: cordon the node and evict its pods through the
+      Eviction API (PodDisruptionBudgets honoured; DaemonSet and mirror pods
+      stay), retrying what a budget blocks within D (default 10m), then
+      naming the budgets that block and the pods left. The node's own
+      kubelet.conf may drain the node itself. Exit 0 drained, 1 failed (the
+      node made schedulable again), 3 refused: pods without a controller
+      and no --force (nothing changed).
   provider-kubernetes join-config --role worker|controlplane [--ttl D] [--root DIR]
       On a control plane: mint join material (a fresh bootstrap token, the CA
       pin, for a control plane a fresh certificate key with the certificates
@@ -206,6 +215,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdImportImages(ctx, args[1:], stdout, stderr)
 	case "publish":
 		return cmdPublish(ctx, args[1:], stdout, stderr)
+	case "drain":
+		return cmdDrain(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "provider-kubernetes %s (release %s, Kubernetes %s)\n", Version, images.Get().Release, images.Window())
 		return reconcile.ExitOK
