@@ -71,11 +71,7 @@ func TestDrainAgainstTheRealAPIServer(t *testing.T) {
 		// The disruption controller, played: the first eviction spent the
 		// allowed disruption; a while later the evicted pod's replacement
 		// is healthy elsewhere and it allows one again.
-		allowed := make(chan error, 1)
-		go func() {
-			time.Sleep(4 * time.Second)
-			allowed <- s.TryBudgetStatus("web", 1, 2, 1)
-		}()
+		allowed := s.BudgetStatusAfter(4*time.Second, "web", 1, 2, 1)
 		start := time.Now()
 		res, err, log := drainWith(t, client(t, s.NodeKubeconfig(t, "w1")), "w1", time.Minute, Options{})
 		if err != nil {

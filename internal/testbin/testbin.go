@@ -38,14 +38,22 @@ func CacheDir() string {
 // Kubeadm returns the path of kubeadm at kver ("v1.37.2"), building it if needed.
 func Kubeadm(t testing.TB, kver string) string {
 	t.Helper()
+	return KubernetesBinary(t, kver, "kubeadm")
+}
+
+// KubernetesBinary returns the path of k8s.io/kubernetes/cmd/<name> at
+// kver ("v1.37.2"), building it if needed (a cold build is logged through
+// t); skipped in -short mode.
+func KubernetesBinary(t testing.TB, kver, name string) string {
+	t.Helper()
 	if testing.Short() {
-		t.Skip("builds real kubeadm: not in -short mode")
+		t.Skipf("builds real %s: not in -short mode", name)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	p, err := Kubernetes(ctx, kver, "kubeadm", testLog{t})
+	p, err := Kubernetes(ctx, kver, name, testLog{t})
 	if err != nil {
-		t.Fatalf("build kubeadm %s: %v", kver, err)
+		t.Fatalf("build %s %s: %v", name, kver, err)
 	}
 	return p
 }

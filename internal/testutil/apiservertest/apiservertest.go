@@ -64,15 +64,7 @@ type Server struct {
 // -short mode; the binary is built when it is not cached yet (minutes).
 func Start(t *testing.T) *Server {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("runs the real kube-apiserver: not in -short mode")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	bin, err := testbin.Kubernetes(ctx, Version, "kube-apiserver", logTo{t})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := testbin.KubernetesBinary(t, Version, "kube-apiserver")
 	n := testutil.NewNode(t, "cp1")
 	e := etcdtest.Start(t, n, etcdtest.Config{})
 	dir := t.TempDir()
@@ -235,6 +227,26 @@ func (s *Server) Try(verb, path, contentType string, body any) ([]byte, error) {
 	return r.DoRaw(ctx)
 }
 
+// TokenKubeconfig is a kubeconfig with a bearer token (a ServiceAccount's).
+func (s *Server) TokenKubeconfig(token string) string {
+	return "apiVersion: v1\nkind: Config\nclusters:\n- cluster: {server: 'https://" + s.Addr + "', certificate-authority-data: " +
+		base64.StdEncoding.EncodeToString(s.servingCA) + "}\n  name: c\ncontexts:\n- context: {cluster: c, user: u}\n  name: c\n" +
+		"current-context: c\nusers:\n- name: u\n  user: {token: '" + token + "'}\n"
+}
+
+// ServiceAccountToken is a token of a ServiceAccount (the TokenRequest
+// API, valid an hour).
+func (s *Server) ServiceAccountToken(t testing.TB, namespace, name string) string {
+	t.Helper()
+	tr := s.JSON(t, "POST", "/api/v1/namespaces/"+namespace+"/serviceaccounts/"+name+"/token", "",
+		map[string]any{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": map[string]any{"expirationSeconds": 3600}})
+	token, _ := tr["status"].(map[string]any)["token"].(string)
+	if token == "" {
+		t.Fatalf("no token for %s/%s: %v", namespace, name, tr)
+	}
+	return token
+}
+
 // NodeKubeconfig is a node's own kubeconfig, as its kubelet.conf: the
 // user system:node:NAME in the group system:nodes.
 func (s *Server) NodeKubeconfig(t testing.TB, name string) string {
@@ -255,12 +267,4 @@ func keyBlock(t testing.TB, k *ecdsa.PrivateKey) *pem.Block {
 		t.Fatal(err)
 	}
 	return &pem.Block{Type: "EC PRIVATE KEY", Bytes: der}
-}
-
-// logTo writes a cold build's progress to the test's log.
-type logTo struct{ t *testing.T }
-
-func (l logTo) Write(p []byte) (int, error) {
-	l.t.Logf("%s", bytes.TrimRight(p, "\n"))
-	return len(p), nil
 }

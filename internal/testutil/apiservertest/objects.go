@@ -30,10 +30,10 @@ func (s *Server) Node(t testing.TB, name string) {
 	s.Do(t, "POST", "/api/v1/nodes", "", map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": name}})
 }
 
-// Controller makes a DaemonSet or a ReplicaSet (kind) in the default
-// namespace whose pods are labelled app=name, and returns its uid (no
-// controller creates its pods: Pod does).
-func (s *Server) Controller(t testing.TB, kind, name string) string {
+// Controller makes a DaemonSet or a ReplicaSet (kind) in namespace whose
+// pods are labelled app=name, and returns its uid (no controller creates
+// its pods: Pod does).
+func (s *Server) Controller(t testing.TB, namespace, kind, name string) string {
 	t.Helper()
 	resource := map[string]string{"DaemonSet": "daemonsets", "ReplicaSet": "replicasets"}[kind]
 	spec := map[string]any{"selector": map[string]any{"matchLabels": map[string]string{"app": name}},
@@ -42,7 +42,7 @@ func (s *Server) Controller(t testing.TB, kind, name string) string {
 	if kind == "ReplicaSet" {
 		spec["replicas"] = 2
 	}
-	obj := s.JSON(t, "POST", "/apis/apps/v1/namespaces/default/"+resource, "", map[string]any{"apiVersion": "apps/v1", "kind": kind,
+	obj := s.JSON(t, "POST", "/apis/apps/v1/namespaces/"+namespace+"/"+resource, "", map[string]any{"apiVersion": "apps/v1", "kind": kind,
 		"metadata": map[string]any{"name": name}, "spec": spec})
 	return obj["metadata"].(map[string]any)["uid"].(string)
 }
@@ -50,6 +50,7 @@ func (s *Server) Controller(t testing.TB, kind, name string) string {
 // Pod is a pod a scenario puts on a node.
 type Pod struct {
 	Node, Name, App string
+	Namespace       string // "": default
 	// Owner is its controlling owner, "" none: Kind ("DaemonSet",
 	// "ReplicaSet", "Node"), APIVersion, Name and UID.
 	OwnerKind, OwnerAPIVersion, Owner, OwnerUID string
@@ -58,21 +59,23 @@ type Pod struct {
 	Phase string
 }
 
-// Pod makes a pod bound to its node in the default namespace, with its
-// status.
+// Pod makes a pod bound to its node, with its status.
 func (s *Server) Pod(t testing.TB, p Pod) {
 	t.Helper()
+	if p.Namespace == "" {
+		p.Namespace = "default"
+	}
 	meta := map[string]any{"name": p.Name, "labels": map[string]string{"app": p.App}, "annotations": p.Annotations}
 	if p.OwnerKind != "" {
 		meta["ownerReferences"] = []map[string]any{{"apiVersion": p.OwnerAPIVersion, "kind": p.OwnerKind, "name": p.Owner, "uid": p.OwnerUID, "controller": true}}
 	}
-	s.Do(t, "POST", "/api/v1/namespaces/default/pods", "", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+	s.Do(t, "POST", "/api/v1/namespaces/"+p.Namespace+"/pods", "", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": meta,
 		"spec": map[string]any{"nodeName": p.Node, "containers": []map[string]any{{"name": "c", "image": "registry.k8s.io/pause:3.10"}}}})
 	st := map[string]any{"phase": p.Phase}
 	if p.Phase == "Running" {
 		st["conditions"] = []map[string]string{{"type": "Ready", "status": "True"}}
 	}
-	s.Do(t, "PATCH", "/api/v1/namespaces/default/pods/"+p.Name+"/status", "application/merge-patch+json", map[string]any{"status": st})
+	s.Do(t, "PATCH", "/api/v1/namespaces/"+p.Namespace+"/pods/"+p.Name+"/status", "application/merge-patch+json", map[string]any{"status": st})
 }
 
 // Budget makes a PodDisruptionBudget over the pods labelled app with
@@ -95,13 +98,25 @@ func (s *Server) BudgetStatus(t testing.TB, name string, minAvailable, healthy, 
 	}
 }
 
-// TryBudgetStatus is BudgetStatus returning the error (for a goroutine of
-// the test's, which may not fail it).
+// TryBudgetStatus is BudgetStatus returning the error.
 func (s *Server) TryBudgetStatus(name string, minAvailable, healthy, allowed int) error {
 	_, err := s.Try("PATCH", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/"+name+"/status", "application/merge-patch+json",
 		map[string]any{"status": map[string]any{"observedGeneration": 1, "desiredHealthy": minAvailable, "currentHealthy": healthy,
 			"disruptionsAllowed": allowed, "expectedPods": healthy}})
 	return err
+}
+
+// BudgetStatusAfter writes a budget's status (BudgetStatus) after d, from
+// a goroutine, and sends the outcome on the channel it returns: the
+// disruption controller allowing a disruption again once an evicted pod's
+// replacement is ready elsewhere.
+func (s *Server) BudgetStatusAfter(d time.Duration, name string, minAvailable, healthy, allowed int) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		time.Sleep(d)
+		done <- s.TryBudgetStatus(name, minAvailable, healthy, allowed)
+	}()
+	return done
 }
 
 // PodsOn names the pods bound to node, and says whether the node is
@@ -167,8 +182,8 @@ func (s *Server) Kubelet(t testing.TB, node string) {
 func (s *Server) NodeWithPods(t testing.TB, node string) (replicaSetUID string) {
 	t.Helper()
 	s.Node(t, node)
-	ds := s.Controller(t, "DaemonSet", "proxy-"+node)
-	rs := s.Controller(t, "ReplicaSet", "web-"+node)
+	ds := s.Controller(t, "default", "DaemonSet", "proxy-"+node)
+	rs := s.Controller(t, "default", "ReplicaSet", "web-"+node)
 	s.Pod(t, Pod{Node: node, Name: "proxy-" + node + "-x", App: "proxy-" + node, OwnerKind: "DaemonSet", OwnerAPIVersion: "apps/v1", Owner: "proxy-" + node, OwnerUID: ds, Phase: "Running"})
 	s.Pod(t, Pod{Node: node, Name: "static-" + node, App: "static", OwnerKind: "Node", OwnerAPIVersion: "v1", Owner: node, OwnerUID: "00000000-0000-0000-0000-00000000000a",
 		Annotations: map[string]string{"kubernetes.io/config.mirror": "hash"}, Phase: "Running"})
