@@ -62,8 +62,8 @@ Usage:
       version, 1 otherwise.
   provider-kubernetes publish [--root DIR] [--budget D]
       Put the last pass on this node's Node: annotations under
-      provider-kubernetes.kairos.io/ and an Event for each refusal, upgrade
-      start, finish or failure; retries within D (default 5m) while the API
+      provider-kubernetes.kairos.io/, the KubernetesUpgrade condition and an
+      Event for each refusal, upgrade start, finish or failure; retries within D (default 5m) while the API
       comes up. Run by provider-kubernetes-publish.service after every pass.
   provider-kubernetes drain [--node NAME] [--budget D] [--force] [--exclude-pod NS/NAME]...
                             [--kubeconfig FILE] [--context NAME] [--root DIR]

@@ -14,6 +14,7 @@ var pageTests = map[string]string{
 	"backups.md":         "TestBackupsPage",
 	"troubleshooting.md": "TestTroubleshootingPage",
 	"reference.md":       "TestReferencePage",
+	"drain.md":           "TestDrainPage",
 	// Elsewhere: the real kairos-agent in a chroot runs its commands.
 	"cloud-config.md": "tests/kairos TestRealKairosAgentChain",
 	// The lead's, with the end-to-end restore and rejoin scenarios.

@@ -263,3 +263,37 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// The Node condition's table is publish's mapping: every phase is a row,
+// and each row's status and reason are what publish sets for that phase
+// (a refusal's and a failure's reason taken from the pass).
+func TestReferenceNodeCondition(t *testing.T) {
+	sec := section(t, read(t, "reference.md"), "## The Node condition")
+	rows := tableRows(sec)
+	phases := values(consts(t, "internal/status", func(n string) bool { return strings.HasPrefix(n, "Phase") }))
+	phases = append(phases, values(consts(t, "internal/restore", func(n string) bool { return strings.HasPrefix(n, "Phase") }))...)
+	for _, ph := range phases {
+		row, ok := rows[ph]
+		if !ok {
+			t.Errorf("phase %s has no row in docs/reference.md's Node condition", ph)
+			continue
+		}
+		d := status.Document{Phase: ph, Refusal: "SkipLevel", Reason: "KubeadmFailed"}
+		if ph == status.PhaseRefused {
+			d.Reason = "UpgradeRefused"
+		}
+		c := publish.Condition(d, nil, time.Now())
+		if row[1] != "`"+c.Status+"`" {
+			t.Errorf("phase %s: docs/reference.md says status %s, publish sets %s", ph, row[1], c.Status)
+		}
+		if !strings.Contains(row[2], "`"+c.Reason+"`") {
+			t.Errorf("phase %s: docs/reference.md's reason %q does not show %s, which publish sets", ph, row[2], c.Reason)
+		}
+	}
+	if len(rows) != len(phases) {
+		t.Errorf("docs/reference.md's Node condition has %d rows, %d phases", len(rows), len(phases))
+	}
+	if !strings.Contains(oneLine(sec), "the condition `"+publish.ConditionType+"`") {
+		t.Errorf("docs/reference.md does not name the condition %s", publish.ConditionType)
+	}
+}
