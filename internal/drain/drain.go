@@ -151,14 +151,21 @@ var (
 // Event is the log line of a drain.
 const Event = "drain"
 
-// Run drains the Node: decides over its pods (refusing, unchanged, when
-// Decide finds unmanaged pods), cordons it, then each round lists its
-// pods again, evicts those to evict and waits for the terminating ones,
-// until nothing but skipped pods is left or the budget ends. A pod a
+// maxRound bounds one round (a list and the round's evictions, each
+// request bounded by the client's own timeout).
+const maxRound = time.Minute
+
+// Run drains the Node, every step within the budget: each round lists its
+// pods and decides (Decide) again; the first round refuses, unchanged,
+// when Decide finds unmanaged pods, else cordons the Node; every round
+// evicts those to evict and waits for the terminating ones, until nothing
+// but skipped pods is left or the budget ends. A pod a
 // PodDisruptionBudget protects is retried every round (the apiserver
-// answers 429 until the budget allows a disruption). When the drain fails
-// after cordoning a Node that was schedulable, it makes it schedulable
-// again: a drain that did not finish leaves no node out of service.
+// answers 429 until the budget allows a disruption). An error the
+// credentials cause (403) ends the drain at once; any other is retried.
+// When the drain fails after cordoning a Node that was schedulable, it
+// makes it schedulable again: a drain that did not finish leaves no node
+// out of service.
 func Run(ctx context.Context, c Config) (Result, error) {
 	if c.Clock == nil {
 		c.Clock = wait.RealClock{}
@@ -168,34 +175,25 @@ func Run(ctx context.Context, c Config) (Result, error) {
 	}
 	start := c.Clock.Now()
 	res := Result{Left: map[string]string{}}
-	deadline, cancel := context.WithTimeout(ctx, c.Budget)
-	defer cancel()
-	pods, err := c.API.PodsOn(deadline, c.Node)
-	if err != nil {
-		return res, c.done(res, start, failure(err))
-	}
-	pl := Decide(pods, c.Options)
-	res.Skipped = pl.Skipped
-	if len(pl.Unmanaged) > 0 {
-		for _, p := range pl.Unmanaged {
-			res.Left[p.String()] = "no controller: evicted, it would not be created again (--force evicts it)"
-		}
-		return res, c.done(res, start, fmt.Errorf("%w: %s; nothing changed", ErrRefused, names(pl.Unmanaged)))
-	}
-	was, err := c.API.Cordon(deadline, c.Node, true)
-	if err != nil {
-		return res, c.done(res, start, failure(err))
-	}
-	evicted := map[string]bool{} // by uid: asked and accepted, waited for
-	// causes: the budgets' causes the last refusal of each pod gave.
-	causes := map[string][]string{}
-	var fatal error
-	current := pods
-	err = wait.Poll(deadline, c.Clock, wait.Budget{Total: c.Budget, Interval: c.Interval}, "drain node "+c.Node, func(ctx context.Context) (bool, error) {
+	var (
+		current  []kube.NodePod
+		cordoned bool // this drain made sure the Node is unschedulable
+		// was: the Node was unschedulable before, as the first cordon that
+		// answered read it (a cordon applied whose answer was lost reads as
+		// cordoned before: the node is then left cordoned, never
+		// uncordoned behind a person's back).
+		was     bool
+		evicted = map[string]bool{} // by uid: asked and accepted, waited for
+		// causes: the budgets' causes the last refusal of each pod gave.
+		causes = map[string][]string{}
+		fatal  error
+	)
+	b := wait.Budget{Total: c.Budget, Interval: c.Interval, PerAttempt: min(c.Budget, maxRound)}
+	err := wait.Poll(ctx, c.Clock, b, "drain node "+c.Node, func(ctx context.Context) (bool, error) {
 		pods, err := c.API.PodsOn(ctx, c.Node)
 		if err != nil {
 			if apierrors.IsForbidden(err) {
-				fatal = err
+				fatal = failure(err)
 				return true, nil
 			}
 			return false, err
@@ -203,18 +201,37 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		current = pods
 		pl := Decide(pods, c.Options)
 		res.Skipped = pl.Skipped
-		res.Left = map[string]string{}
+		left := map[string]string{}
+		if !cordoned {
+			if len(pl.Unmanaged) > 0 {
+				for _, p := range pl.Unmanaged {
+					left[p.String()] = "no controller: evicted, it would not be created again (--force evicts it)"
+				}
+				res.Left = left
+				fatal = fmt.Errorf("%w: %s; nothing changed", ErrRefused, names(pl.Unmanaged))
+				return true, nil
+			}
+			w, err := c.API.Cordon(ctx, c.Node, true)
+			if err != nil {
+				if apierrors.IsForbidden(err) {
+					fatal = failure(err)
+					return true, nil
+				}
+				return false, err
+			}
+			was, cordoned = w, true
+		}
 		var last error
 		for _, p := range pl.Terminating {
-			res.Left[p.String()] = "terminating"
+			left[p.String()] = "terminating"
 		}
 		for _, p := range pl.Unmanaged {
-			res.Left[p.String()] = "no controller (came after the drain started): --force evicts it"
+			left[p.String()] = "no controller (came after the drain started): --force evicts it"
 			last = fmt.Errorf("pod %s has no controller", p)
 		}
 		for _, p := range pl.Evict {
 			if evicted[p.UID] {
-				res.Left[p.String()] = "evicted, not gone yet"
+				left[p.String()] = "evicted, not gone yet"
 				continue
 			}
 			err := c.API.Evict(ctx, p)
@@ -222,37 +239,42 @@ func Run(ctx context.Context, c Config) (Result, error) {
 			case err == nil:
 				evicted[p.UID] = true
 				res.Evicted = append(res.Evicted, p.String())
-				res.Left[p.String()] = "evicted, not gone yet"
+				left[p.String()] = "evicted, not gone yet"
 				continue
 			case apierrors.IsNotFound(err), apierrors.IsConflict(err):
 				continue // gone, or replaced under its name: the next list tells
 			case apierrors.IsForbidden(err) && len(kube.DisruptionBudgetCauses(err)) == 0:
-				fatal = fmt.Errorf("evict pod %s: %w", p, err)
+				fatal = failure(fmt.Errorf("evict pod %s: %w", p, err))
 				return true, nil
 			}
 			causes[p.String()] = kube.DisruptionBudgetCauses(err)
-			res.Left[p.String()] = describe(err)
+			left[p.String()] = describe(err)
 			last = fmt.Errorf("evict pod %s: %w", p, err)
 		}
-		if len(res.Left) == 0 {
+		if ctx.Err() != nil {
+			// The round was cut: the last whole round's account stands.
+			return false, ctx.Err()
+		}
+		res.Left = left
+		if len(left) == 0 {
 			return true, nil
 		}
 		if last == nil {
-			last = fmt.Errorf("%d pods not gone yet: %s", len(res.Left), strings.Join(sortedKeys(res.Left), ", "))
+			last = fmt.Errorf("%d pods not gone yet: %s", len(left), strings.Join(sortedKeys(left), ", "))
 		}
 		return false, last
 	})
 	if fatal != nil {
-		err = failure(fatal)
+		err = fatal
 	}
 	if err == nil {
 		return res, c.done(res, start, nil)
 	}
-	if errors.Is(err, wait.ErrBudgetExhausted) {
+	if errors.Is(err, wait.ErrBudgetExhausted) && len(res.Left) > 0 {
 		res.Blocking = c.blocking(ctx, current, res.Left, causes)
 		err = fmt.Errorf("%w: %s: %v", ErrNotDrained, strings.Join(sortedKeys(res.Left), ", "), err)
 	}
-	if !was {
+	if cordoned && !was {
 		// Its own bound: the drain's may be spent.
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		_, uerr := c.API.Cordon(uctx, c.Node, false)

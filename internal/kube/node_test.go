@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
 	"github.com/kairos-io/provider-kubernetes/internal/testutil/apiservertest"
 )
 
@@ -53,7 +55,9 @@ func TestANodesOwnCredentialsAgainstTheRealAPIServer(t *testing.T) {
 	for _, c := range got {
 		byType[c.Type] = c
 	}
-	if len(got) != 3 || byType["KubernetesUpgrade"] != cond {
+	up := byType["KubernetesUpgrade"]
+	if len(got) != 3 || up.Status != cond.Status || up.Reason != cond.Reason || up.Message != cond.Message ||
+		!up.LastHeartbeatTime.Equal(cond.LastHeartbeatTime) || !up.LastTransitionTime.Equal(cond.LastTransitionTime) {
 		t.Fatalf("conditions %+v, want the provider's %+v among 3", got, cond)
 	}
 	if r := byType["Ready"]; r.Status != "True" || r.Reason != "KubeletReady" || r.Message != "kubelet is posting ready status" ||
@@ -102,10 +106,12 @@ func TestANodesOwnCredentialsAgainstTheRealAPIServer(t *testing.T) {
 	if err := w1.Evict(ctx, others[0]); !IsForbidden(err) || !strings.Contains(err.Error(), "node w1 can only evict pods with spec.nodeName set to itself") {
 		t.Fatalf("evict another node's pod: %v", err)
 	}
-	// An eviction names the very pod: a stale uid is refused.
+	// An eviction names the very pod: a stale uid is refused, a Conflict
+	// (after the apiserver's own retries of about 10s: a longer timeout).
 	stale := pods[0]
 	stale.UID = "00000000-0000-0000-0000-000000000000"
-	if err := w1.Evict(ctx, stale); err == nil || !strings.Contains(err.Error(), "precondition") && !strings.Contains(err.Error(), "UID") {
+	slow := clientFor(t, s.NodeKubeconfig(t, "w1"), 30*time.Second)
+	if err := slow.Evict(ctx, stale); !apierrors.IsConflict(err) || !strings.Contains(err.Error(), "the UID in the precondition (00000000-0000-0000-0000-000000000000) does not match") {
 		t.Fatalf("evict with a stale uid: %v", err)
 	}
 	if err := w1.Evict(ctx, pods[0]); err != nil {

@@ -23,6 +23,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -213,7 +214,16 @@ func (s *Server) Try(verb, path, contentType string, body any) ([]byte, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r := rc.Verb(verb).AbsPath(path)
+	u, err := url.Parse(path)
+	if err != nil {
+		return nil, err
+	}
+	r := rc.Verb(verb).AbsPath(u.Path)
+	for k, vs := range u.Query() {
+		for _, v := range vs {
+			r = r.Param(k, v)
+		}
+	}
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
