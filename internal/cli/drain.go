@@ -89,7 +89,11 @@ func cmdDrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // printDrain prints what a drain did, each name escaped.
 func printDrain(w io.Writer, node string, res drain.Result) {
 	p := status.Printable
-	fmt.Fprintf(w, "node %s: %d pods evicted\n", p(node), len(res.Evicted))
+	pods := "pods"
+	if len(res.Evicted) == 1 {
+		pods = "pod"
+	}
+	fmt.Fprintf(w, "node %s: %d %s evicted\n", p(node), len(res.Evicted), pods)
 	for _, e := range res.Evicted {
 		fmt.Fprintf(w, "evicted:  %s\n", p(e))
 	}

@@ -78,11 +78,11 @@ func TestDrainPage(t *testing.T) {
 		api.Pod(t, apiservertest.Pod{Node: "w1", Name: "db-0", App: "db", OwnerKind: "StatefulSet", OwnerAPIVersion: "apps/v1", Owner: "db",
 			OwnerUID: "7d1c6c2e-0000-4000-8000-00000000db00", Phase: "Running"})
 		api.Budget(t, "db", "db", 1, 1, 0)
-		out, code := w.doc(p, "provider-kubernetes drain --budget 1m")
+		out, code := w.doc(p, "provider-kubernetes drain --budget 30s")
 		if code != 1 || !strings.Contains(out, "drain: pods still on the node when the budget ended: default/db-0: ") {
 			t.Fatalf("a blocked drain: exit %d\n%s", code, out)
 		}
-		shows(t, out, example(t, p, "provider-kubernetes drain --budget 1m"))
+		shows(t, out, example(t, p, "provider-kubernetes drain --budget 30s"))
 		if pods, cordoned := api.PodsOn(t, "w1"); cordoned || len(pods) != 2 {
 			t.Fatalf("after a blocked drain: cordoned %v, pods %v", cordoned, pods)
 		}
