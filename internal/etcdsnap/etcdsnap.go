@@ -399,12 +399,12 @@ func (a *attempt) stillAt() error {
 	return nil
 }
 
-// controlPlaneManifests reads this node's kube-apiserver,
+// controlPlaneManifests reads this node's etcd, kube-apiserver,
 // kube-controller-manager and kube-scheduler manifests (those that can be
-// read) by component.
+// read) by component: what ApplyStarted looks at.
 func (a *attempt) controlPlaneManifests() map[string][]byte {
 	out := map[string][]byte{}
-	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+	for _, c := range applyOrder {
 		if b, err := fsutil.ReadFileNoFollow(a.o.Root.Path(paths.ManifestsDir+"/"+c+".yaml"), 1<<20); err == nil {
 			out[c] = b
 		}
@@ -412,13 +412,26 @@ func (a *attempt) controlPlaneManifests() map[string][]byte {
 	return out
 }
 
+// applyOrder is the order in which kubeadm upgrade apply replaces this
+// node's static pod manifests (cmd/kubeadm/app/phases/upgrade/staticpods.go,
+// StaticPodControlPlane: the local etcd first, waited for, then
+// constants.ControlPlaneComponents).
+var applyOrder = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
 // ApplyStarted says whether an upgrade apply to target already began on
-// this control plane: kubeadm rewrites the static pod manifests one after
-// the other, so any of them already at target's minor (or later) means
-// the cluster is partially upgraded. It returns what shows it ("" when
-// nothing does).
+// this control plane, from its static pod manifests by component (etcd
+// only with stacked etcd: external etcd has no manifest). kubeadm replaces
+// etcd.yaml first and waits for the new member before it touches the
+// others, so a cut in that window leaves only etcd at the target: etcd.yaml
+// at the etcd image target's kubeadm deploys (images/versions.yaml) counts,
+// as does any of the other three at target's minor or later. etcd.yaml says
+// nothing when that image is not known to differ from the one the minor
+// before deploys: the same tag on both sides (kubeadm then leaves etcd
+// as it is), or a minor before the window, whose etcd the version manifest
+// does not know (kubeadm 1.35.4 lists 3.6.6-0 for 1.34 as for 1.35). It
+// returns what shows it ("" when nothing does).
 func ApplyStarted(target version.Version, manifests map[string][]byte) string {
-	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+	for _, c := range applyOrder {
 		b, ok := manifests[c]
 		if !ok {
 			continue
@@ -427,7 +440,14 @@ func ApplyStarted(target version.Version, manifests map[string][]byte) string {
 		if err != nil {
 			continue
 		}
-		v, err := version.ParseReported(observe.ImageTag(img))
+		tag := observe.ImageTag(img)
+		if c == "etcd" {
+			if want, ok := etcdMoves(target); ok && tag == want {
+				return fmt.Sprintf("this node's etcd manifest already runs %s, the etcd of %s (kubeadm replaces it first)", tag, target.MinorOf())
+			}
+			continue
+		}
+		v, err := version.ParseReported(tag)
 		if err != nil {
 			continue
 		}
@@ -436,6 +456,21 @@ func ApplyStarted(target version.Version, manifests map[string][]byte) string {
 		}
 	}
 	return ""
+}
+
+// etcdMoves returns the etcd image tag the kubeadm of target's minor
+// deploys, when the version manifest shows it differs from the minor
+// before's: only then does etcd.yaml at that tag mean the apply began.
+func etcdMoves(target version.Version) (string, bool) {
+	to, ok := images.ForMinor(target.MinorOf())
+	if !ok || target.Minor == 0 {
+		return "", false
+	}
+	from, ok := images.ForMinor(version.Minor{Major: target.Major, Minor: target.Minor - 1})
+	if !ok || from.Etcd == to.Etcd {
+		return "", false
+	}
+	return to.Etcd, true
 }
 
 // lock serialises attempts (the reconcile pass and the etcd-snapshot

@@ -21,6 +21,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sys/unix"
 
+	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/cryptgate"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
@@ -112,6 +113,18 @@ func newFixture(t *testing.T) *fixture {
 func (f *fixture) opts() Options {
 	return Options{Root: f.node.R(), Runner: f.run, Log: slog.New(slog.NewTextHandler(f.log, nil)), FS: f.fs,
 		Now: func() time.Time { return f.now }, Total: 60 * time.Second, Request: 5 * time.Second}
+}
+
+// before puts etcd.yaml where kubeadm left it on a control plane before its
+// upgrade apply to target: at the etcd image the minor before deploys
+// (otherwise the step reads the apply as begun and takes nothing).
+func (f *fixture) before(target version.Version) {
+	f.t.Helper()
+	e, ok := images.ForMinor(version.Minor{Major: target.Major, Minor: target.Minor - 1})
+	if !ok {
+		f.t.Fatalf("no etcd known for the minor before %s", target)
+	}
+	f.etcd.SetImage("registry.k8s.io/etcd:" + e.Etcd)
 }
 
 func (f *fixture) take(target version.Version) Result {
@@ -334,10 +347,12 @@ func TestCorruptSnapshotNeverCountsAndKeepsTheOlder(t *testing.T) {
 	testutil.RequireRoot(t)
 	f := newFixture(t)
 	f.etcd.PutKeys("/registry/a/", 20, 100)
+	f.before(version.MustParse("v1.36.3"))
 	old := f.take(version.MustParse("v1.36.3"))
 	if old.Outcome != Taken {
 		t.Fatalf("%s %s", old.Outcome, old.Reason)
 	}
+	f.before(v1372)
 	// etcdctl "succeeds" but the bytes on disk are damaged afterwards.
 	f.run.after = afterSave(t, func(fh *os.File) {
 		if _, err := fh.WriteAt([]byte("corrupt!"), 8192); err != nil {

@@ -49,6 +49,7 @@ func TestVersionWarningBeforeEtcd37(t *testing.T) {
 
 	// Before an upgrade to 1.36 (etcd stays on 3.6) there is nothing to warn about.
 	f.log = &testutil.SyncBuffer{}
+	f.before(version.MustParse("v1.36.3"))
 	res = f.take(version.MustParse("v1.36.3"))
 	if len(res.Warnings) != 0 || strings.Contains(f.log.String(), EventVersionWarning) {
 		t.Fatalf("1.36 target warned: %q\n%s", res.Warnings, f.log.String())
@@ -101,6 +102,7 @@ func TestEtcdHangingDuringTheSnapshot(t *testing.T) {
 	o := f.opts()
 	o.Total, o.Request = 10*time.Second, 2*time.Second
 	o.Log = slog.New(slog.NewTextHandler(f.log, nil))
+	f.before(version.MustParse("v1.36.3"))
 	start := time.Now()
 	res := Take(t.Context(), o, version.MustParse("v1.36.3"))
 	took := time.Since(start)

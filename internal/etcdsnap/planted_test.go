@@ -13,6 +13,7 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil/etcdtest"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
@@ -34,10 +35,12 @@ func TestPlantedOrStaleSnapshotNeverCounts(t *testing.T) {
 
 	// A real, verified snapshot to copy from (a snapshot of this very
 	// cluster, so only its file properties make it untrustworthy).
+	f.before(version.MustParse("v1.36.3"))
 	good := f.take(version.MustParse("v1.36.3"))
 	if good.Outcome != Taken {
 		t.Fatalf("%s %s", good.Outcome, good.Reason)
 	}
+	f.before(v1372)
 	goodBytes, err := os.ReadFile(f.node.Path(good.Path))
 	if err != nil {
 		t.Fatal(err)
@@ -173,14 +176,31 @@ func TestUntrustedBackupDirIsReplaced(t *testing.T) {
 }
 
 // TestNoSnapshotOnceTheApplyBegan: a control plane whose manifests already
-// moved to the target (an interrupted upgrade apply being resumed) gets no
+// moved to the target (an interrupted upgrade apply being resumed: etcd.yaml
+// first, then the apiserver's and the others) gets no
 // snapshot when none was taken before the apply: failed, with a detail
 // saying the apply had already started. One taken before still counts.
 func TestNoSnapshotOnceTheApplyBegan(t *testing.T) {
 	testutil.RequireRoot(t)
 	f := newFixture(t)
+	// Cut right after kubeadm replaced etcd.yaml: the member already runs
+	// etcd 3.7, the other three manifests are still at 1.36.
+	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+		f.node.Write(paths.ManifestsDir+"/"+c+".yaml", testutil.StaticPodManifest(c, "v1.36.3"), 0o600)
+	}
+	f.etcd.SetImage("registry.k8s.io/etcd:3.7.0-0")
+	if res := f.take(v1372); res.Outcome != Failed || !strings.Contains(res.Reason, "upgrade apply had already started") ||
+		!strings.Contains(res.Reason, "etcd manifest already runs 3.7.0-0") {
+		t.Fatalf("%s %q", res.Outcome, res.Reason)
+	}
+	f.oneLine(1, Failed, "reason=")
+	if got := f.snapshots(); len(got) != 0 || len(f.run.cmds) != 0 {
+		t.Fatalf("wrote %q or ran %v", got, f.run.paths())
+	}
+	f.log = &testutil.SyncBuffer{}
+	f.before(v1372)
+
 	f.node.Write(paths.APIServerManifest, testutil.APIServerManifest("v1.37.2"), 0o600)
-	f.node.Write(paths.ManifestsDir+"/kube-controller-manager.yaml", testutil.StaticPodManifest("kube-controller-manager", "v1.36.3"), 0o600)
 	res := f.take(v1372)
 	if res.Outcome != Failed || !strings.Contains(res.Reason, "upgrade apply had already started") ||
 		!strings.Contains(res.Reason, "kube-apiserver manifest already runs v1.37.2") {
@@ -197,35 +217,64 @@ func TestNoSnapshotOnceTheApplyBegan(t *testing.T) {
 	if first.Outcome != Taken {
 		t.Fatalf("%s %s", first.Outcome, first.Reason)
 	}
+	f.etcd.SetImage("registry.k8s.io/etcd:3.7.0-0")
 	f.node.Write(paths.APIServerManifest, testutil.APIServerManifest("v1.37.2"), 0o600)
 	if again := f.take(v1372); again.Outcome != SkippedAlreadyTaken || again.Path != first.Path {
 		t.Fatalf("%+v", again)
 	}
 }
 
+// TestApplyStarted: kubeadm upgrade apply replaces etcd.yaml first (with
+// stacked etcd) and waits for the new member before the apiserver,
+// controller-manager and scheduler manifests; a cut in between leaves only
+// etcd at the target's etcd, which upgrades.md names: etcd 3.6.8 under
+// kubeadm 1.36, 3.7.0 under 1.37; 3.6.6 under 1.35.
 func TestApplyStarted(t *testing.T) {
 	m := func(kv ...string) map[string][]byte {
 		out := map[string][]byte{}
 		for i := 0; i < len(kv); i += 2 {
+			if kv[i] == "etcd" {
+				out["etcd"] = []byte(etcdtest.Manifest("cp1", kv[i+1], 2379, 2380))
+				continue
+			}
 			out[kv[i]] = []byte(testutil.StaticPodManifest(kv[i], kv[i+1]))
 		}
 		return out
 	}
+	at136 := []string{"kube-apiserver", "v1.36.3", "kube-controller-manager", "v1.36.3", "kube-scheduler", "v1.36.3"}
+	with := func(kv ...string) map[string][]byte { return m(append(append([]string{}, at136...), kv...)...) }
 	for _, c := range []struct {
+		name      string
 		target    string
 		manifests map[string][]byte
 		want      string
 	}{
-		{"v1.37.2", m("kube-apiserver", "v1.36.3", "kube-controller-manager", "v1.36.3", "kube-scheduler", "v1.36.3"), ""},
-		{"v1.37.2", m("kube-apiserver", "v1.37.2", "kube-controller-manager", "v1.36.3"), "kube-apiserver manifest already runs v1.37.2"},
-		{"v1.37.2", m("kube-apiserver", "v1.36.3", "kube-controller-manager", "v1.37.0"), "kube-controller-manager manifest already runs v1.37.0"},
-		{"v1.37.2", m("kube-scheduler", "v1.38.0"), "kube-scheduler manifest already runs v1.38.0"},
-		{"v1.37.2", m(), ""},
-		{"v1.37.2", map[string][]byte{"kube-apiserver": []byte("\x00not yaml")}, ""},
+		{"nothing moved", "v1.37.2", with("etcd", "registry.k8s.io/etcd:3.6.8-0"), ""},
+		{"external etcd, nothing moved", "v1.37.2", with(), ""},
+		{"apiserver moved", "v1.37.2", m("kube-apiserver", "v1.37.2", "kube-controller-manager", "v1.36.3"), "kube-apiserver manifest already runs v1.37.2"},
+		{"controller-manager moved", "v1.37.2", m("kube-apiserver", "v1.36.3", "kube-controller-manager", "v1.37.0"), "kube-controller-manager manifest already runs v1.37.0"},
+		{"scheduler a minor further", "v1.37.2", m("kube-scheduler", "v1.38.0"), "kube-scheduler manifest already runs v1.38.0"},
+		{"no manifest", "v1.37.2", m(), ""},
+		{"unparsable", "v1.37.2", map[string][]byte{"kube-apiserver": []byte("\x00not yaml"), "etcd": []byte("\x00")}, ""},
+
+		// Cut after kubeadm replaced etcd.yaml, before the apiserver.
+		{"only etcd moved to 3.7.0", "v1.37.2", with("etcd", "registry.k8s.io/etcd:3.7.0-0"), "etcd manifest already runs 3.7.0-0"},
+		{"etcd moved, another registry", "v1.37.2", with("etcd", "mirror.example:5000/k8s/etcd:3.7.0-0"), "etcd manifest already runs 3.7.0-0"},
+		{"etcd moved, pinned by digest", "v1.37.2", with("etcd", "registry.k8s.io/etcd:3.7.0-0@sha256:"+strings.Repeat("ab", 32)), "etcd manifest already runs 3.7.0-0"},
+		{"etcd moved and the apiserver", "v1.37.2", m("etcd", "registry.k8s.io/etcd:3.7.0-0", "kube-apiserver", "v1.37.2"), "etcd manifest already runs 3.7.0-0"},
+		{"1.35 to 1.36: etcd moved to 3.6.8", "v1.36.3", m("etcd", "registry.k8s.io/etcd:3.6.8-0", "kube-apiserver", "v1.35.4"), "etcd manifest already runs 3.6.8-0"},
+		{"1.35 to 1.36: nothing moved", "v1.36.3", m("etcd", "registry.k8s.io/etcd:3.6.6-0", "kube-apiserver", "v1.35.4"), ""},
+		// An etcd of the operator's own (etcd.local.imageTag, kept by kubeadm
+		// across the upgrade) says nothing.
+		{"an operator's etcd tag", "v1.37.2", with("etcd", "registry.k8s.io/etcd:3.7.1-0"), ""},
+		// From 1.34 (out of the window) kubeadm 1.35.4 lists 3.6.6-0 for both
+		// 1.34 and 1.35: etcd.yaml at 3.6.6-0 may predate the apply.
+		{"1.34 to 1.35: etcd says nothing", "v1.35.4", m("etcd", "registry.k8s.io/etcd:3.6.6-0", "kube-apiserver", "v1.34.2"), ""},
+		{"1.34 to 1.35: the apiserver still counts", "v1.35.4", m("etcd", "registry.k8s.io/etcd:3.6.6-0", "kube-apiserver", "v1.35.4"), "kube-apiserver manifest already runs v1.35.4"},
 	} {
 		got := ApplyStarted(version.MustParse(c.target), c.manifests)
 		if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {
-			t.Errorf("%s %v: %q, want %q", c.target, c.manifests, got, c.want)
+			t.Errorf("%s (%s): %q, want %q", c.name, c.target, got, c.want)
 		}
 	}
 }

@@ -26,9 +26,11 @@ func TestStalePartIsRemovedBeforeASave(t *testing.T) {
 	f.etcd.PutKeys("/registry/a/", 20, 100)
 
 	// A first snapshot makes the directory as the step makes it.
+	f.before(version.MustParse("v1.36.3"))
 	if r := f.take(version.MustParse("v1.36.3")); r.Outcome != Taken {
 		t.Fatalf("%s %s", r.Outcome, r.Reason)
 	}
+	f.before(v1372)
 	dir := f.node.Path(paths.EtcdBackupDir)
 	first := f.snapshots()
 	if len(first) != 1 {

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"log/slog"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -96,5 +97,68 @@ func TestStatusReportsKubeadmBackups(t *testing.T) {
 	var text strings.Builder
 	if err := status.Print(&text, st, "text"); err != nil || !strings.Contains(text.String(), "kubeadm backups: 2 etcd copies, 7.8 KiB, in /etc/kubernetes/tmp") {
 		t.Fatalf("%v\n%s", err, text.String())
+	}
+}
+
+// A cut during the 1.36 -> 1.37 upgrade apply right after kubeadm replaced
+// etcd.yaml (its first step: the member already runs etcd 3.7) and before
+// the apiserver's: the three control-plane manifests still read 1.36.3, so
+// the next boot plans the apply again, snapshot first. upgrades.md: the
+// snapshot is taken once, before the apply, so a reboot mid-upgrade never
+// replaces it with a partially upgraded one, and it never blocks the
+// upgrade. So: no snapshot (etcdctl never runs, nothing written),
+// outcome failed naming etcd.yaml, and the resumed apply runs exactly as
+// a first one would. The same node before the cut gets its snapshot.
+func TestCutAfterTheEtcdManifestTakesNoPreUpgradeSnapshot(t *testing.T) {
+	for _, c := range []struct {
+		name, etcdImage string
+		outcome         etcdsnap.Outcome
+		files           int
+	}{
+		{"before the apply", "registry.k8s.io/etcd:3.6.8-0", etcdsnap.Taken, 1},
+		{"cut after etcd.yaml", "registry.k8s.io/etcd:3.7.0-0", etcdsnap.Failed, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
+			fs := etcdtest.EncryptedPersistent(t, e.node)
+			etcdtest.BundleEtcdTools(t, e.node)
+			member := etcdtest.Start(t, e.node, etcdtest.Config{})
+			member.PutKeys("/registry/configmaps/default/", 10, 100)
+			member.SetImage(c.etcdImage)
+
+			snapRun := &runner.Recorder{Reply: runner.Exec{Root: e.node.Root}.Run}
+			var got etcdsnap.Result
+			res := e.run(Steps{EtcdSnapshot: func(ctx context.Context, target version.Version) SnapshotReport {
+				got = etcdsnap.Take(ctx, etcdsnap.Options{Root: e.node.R(), Runner: snapRun, Log: e.logger(), FS: fs,
+					Total: time.Minute, Request: 5 * time.Second}, target)
+				return SnapshotReport{Outcome: string(got.Outcome), Warnings: got.Warnings}
+			}})
+			if res.ExitCode != ExitOK {
+				t.Fatalf("exit %d: %v\n%s", res.ExitCode, res.Err, e.logBuf.String())
+			}
+			if got.Outcome != c.outcome {
+				t.Fatalf("snapshot %s (%s), want %s", got.Outcome, got.Reason, c.outcome)
+			}
+			// The resumed apply is the apply, and nothing else.
+			if lines := e.lines(); !reflect.DeepEqual(lines, applyLines) {
+				t.Fatalf("commands %q, want %q", lines, applyLines)
+			}
+			ents, err := os.ReadDir(e.node.Path(paths.EtcdBackupDir))
+			if err != nil || len(ents) != c.files {
+				t.Fatalf("backup dir: %v %v, want %d file(s)", ents, err, c.files)
+			}
+			st := e.status(t)
+			if st.EtcdSnapshot != string(c.outcome) || st.NodeVersion != "v1.37.2" {
+				t.Fatalf("status %+v", st)
+			}
+			e.logHas(t, "msg=upgrade-apply", "outcome=ok", "target=v1.37.2")
+			if c.outcome == etcdsnap.Failed {
+				if n := len(snapRun.Lines()); n != 0 {
+					t.Fatalf("ran %q on a member already on etcd 3.7", snapRun.Lines())
+				}
+				e.logHas(t, "msg=etcd-snapshot", "outcome=failed", "upgrade apply had already started", "etcd manifest already runs 3.7.0-0")
+			}
+			e.noSecrets(t)
+		})
 	}
 }

@@ -207,7 +207,14 @@ type Config struct {
 	DataDir string
 	// PeerPort fixes the peer port (a restored member's peer URL).
 	PeerPort int
+	// Image is the image etcd.yaml names (default PreUpgradeImage).
+	Image string
 }
+
+// PreUpgradeImage is the etcd kubeadm 1.36 deploys: what etcd.yaml names on
+// a control plane before its upgrade apply to 1.37 replaces it (which is
+// what the snapshot step reads as "the apply began").
+const PreUpgradeImage = "registry.k8s.io/etcd:3.6.8-0"
 
 // Start writes the PKI (when missing) and the manifest, and starts an
 // embedded etcd on the node; it stops at the end of the test.
@@ -224,7 +231,11 @@ func Start(t testing.TB, node *testutil.Node, cfg Config) *Etcd {
 		e.DataDir = cfg.DataDir
 	}
 	e.ClientURL = fmt.Sprintf("https://127.0.0.1:%d", e.ClientPort)
-	node.Write(paths.EtcdManifest, Manifest(node.Name, "registry.k8s.io/etcd:3.7.0-0", e.ClientPort, e.PeerPort), 0o600)
+	image := cfg.Image
+	if image == "" {
+		image = PreUpgradeImage
+	}
+	e.SetImage(image)
 	e.startEmbedded()
 	t.Cleanup(e.Stop)
 	return e
@@ -278,7 +289,7 @@ func StartBinaryOn(t testing.TB, node *testutil.Node, bin, image string, clientP
 	}
 	e := &Etcd{t: t, Node: node, ClientPort: clientPort, PeerPort: peerPort, DataDir: node.Path(DataDir)}
 	e.ClientURL = fmt.Sprintf("https://127.0.0.1:%d", e.ClientPort)
-	node.Write(paths.EtcdManifest, Manifest(node.Name, image, e.ClientPort, e.PeerPort), 0o600)
+	e.SetImage(image)
 	peer := fmt.Sprintf("https://127.0.0.1:%d", e.PeerPort)
 	args := []string{"--name=" + node.Name, "--data-dir=" + e.DataDir,
 		"--listen-client-urls=" + e.ClientURL, "--advertise-client-urls=" + e.ClientURL,
@@ -318,6 +329,12 @@ func StartBinaryOn(t testing.TB, node *testutil.Node, bin, image string, clientP
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// SetImage rewrites etcd.yaml naming image (as kubeadm replaces it), the
+// member itself left as it runs.
+func (e *Etcd) SetImage(image string) {
+	e.Node.Write(paths.EtcdManifest, Manifest(e.Node.Name, image, e.ClientPort, e.PeerPort), 0o600)
 }
 
 // Pause freezes a binary member (SIGSTOP): it accepts connections and never answers.
