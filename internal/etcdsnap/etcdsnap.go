@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -79,6 +80,10 @@ type Result struct {
 	Path    string // host path of the snapshot (taken, skipped-already-taken)
 	// Reason says why it was skipped or failed: one sanitized, bounded line.
 	Reason string
+	// Detail says what was found in the backup directory and not trusted
+	// (removed, set aside, the directory moved aside): one sanitized,
+	// bounded line, apart from Reason so that neither hides the other.
+	Detail string
 	// Warnings are etcd-version-warning messages for the status document.
 	Warnings []string
 
@@ -124,6 +129,7 @@ func Take(ctx context.Context, o Options, target version.Version) (res Result) {
 		}
 		a.close()
 		res.Reason = runner.Sanitize(res.Reason, maxReason)
+		res.Detail = runner.Sanitize(res.Detail, maxReason)
 		a.logLine(logCtx, res)
 	}()
 	res = a.withNotes(a.run(ctx))
@@ -140,18 +146,23 @@ func (a *attempt) logLine(ctx context.Context, res Result) {
 		attrs = append(attrs, "path", res.Path, "cluster_id", fmt.Sprintf("%016x", res.ClusterID), "db_size", res.DBSize,
 			"revision", res.Revision, "keys", res.Keys, "hash", fmt.Sprintf("%08x", res.Hash), "pruned", res.Pruned,
 			"save", res.SaveTook.Round(time.Millisecond).String(), "verify", res.VerifyTook.Round(time.Millisecond).String())
-		if res.Reason != "" { // what was found and not trusted, replaced by this one
-			attrs = append(attrs, "detail", res.Reason)
-		}
 	case SkippedAlreadyTaken:
 		level = slog.LevelInfo
 		attrs = append(attrs, "path", res.Path)
 	case Failed:
 		attrs = append(attrs, "reason", res.Reason)
-	default:
-		if res.Reason != "" {
-			attrs = append(attrs, "detail", res.Reason)
+	default: // a skip: detail= says why, then what was found
+		d := res.Reason
+		if d != "" && res.Detail != "" {
+			d += "; "
 		}
+		if d += res.Detail; d != "" {
+			attrs = append(attrs, "detail", d)
+		}
+		res.Detail = ""
+	}
+	if res.Detail != "" { // what was found in the directory and not trusted
+		attrs = append(attrs, "detail", res.Detail)
 	}
 	a.o.Log.Log(ctx, level, Event, attrs...)
 }
@@ -169,7 +180,12 @@ type attempt struct {
 	// notes say what was found in the backup directory and not trusted
 	// (moved aside or removed): the detail of the outcome line.
 	notes []string
+	// asides are the snapshots this attempt set aside, by note index: a
+	// verified snapshot taken after them prunes them, and their note says so.
+	asides map[int]aside
 }
+
+type aside struct{ name, why string }
 
 func (a *attempt) close() {
 	if a.cli != nil {
@@ -186,17 +202,9 @@ func failed(format string, args ...any) Result {
 	return Result{Outcome: Failed, Reason: fmt.Sprintf(format, args...)}
 }
 
-// withNotes adds what was found and not trusted to the outcome's detail.
+// withNotes puts what was found and not trusted in the outcome's detail.
 func (a *attempt) withNotes(r Result) Result {
-	if len(a.notes) == 0 {
-		return r
-	}
-	n := strings.Join(a.notes, "; ")
-	if r.Reason == "" {
-		r.Reason = n
-	} else {
-		r.Reason += "; " + n
-	}
+	r.Detail = strings.Join(a.notes, "; ")
 	return r
 }
 
@@ -338,10 +346,10 @@ func (a *attempt) name(clusterID uint64) string {
 // and target minor that still deserves the name: a regular file, root:root
 // 0600 with one link, on the confirmed device, passing the verification a
 // new snapshot passes (sha256 trailer, etcdutl snapshot status). One that
-// does not is removed (it never counts: a planted or damaged file must not
-// stop the real snapshot from being taken) and noted for the outcome line.
-// An error is returned only when the verification could not finish
-// (the attempt's bound): nothing is removed then.
+// does not never counts (a planted or damaged file must not stop the real
+// snapshot from being taken): it is set aside (setAside) and noted for the
+// outcome line. An error is returned only when the verification could not
+// finish (the attempt's bound): nothing is moved then.
 func (a *attempt) existing(ctx context.Context, v cryptgate.Verdict, clusterID uint64) (string, error) {
 	ents, err := fsutil.ReadDirAt(a.dir)
 	if err != nil {
@@ -361,14 +369,125 @@ func (a *attempt) existing(ctx context.Context, v cryptgate.Verdict, clusterID u
 		if ctx.Err() != nil {
 			return "", fmt.Errorf("verify the existing %s: %v", e.Name(), verr)
 		}
-		why := runner.Sanitize(verr.Error(), 120)
-		if err := fsutil.RemoveAllAt(a.dir, e.Name()); err != nil {
-			return "", fmt.Errorf("remove the unverifiable %s (%s): %s", e.Name(), why, bare(err))
+		if err := a.setAside(e.Name(), runner.Sanitize(verr.Error(), 120)); err != nil {
+			return "", err
 		}
-		a.notes = append(a.notes, fmt.Sprintf("removed %s: %s", e.Name(), why))
 	}
 	_ = unix.Fsync(int(a.dir.Fd()))
 	return "", nil
+}
+
+// Set-aside snapshots: <name>.unverified, why in <name>.reason beside it.
+const (
+	unverifiedSuffix = ".unverified"
+	reasonSuffix     = ".reason"
+	// MaxUnverified is how many set-aside snapshots are kept: the newest
+	// (by the time in the name). The next verified snapshot prunes them all.
+	MaxUnverified = 1
+)
+
+// setAside keeps a snapshot that failed its re-verification instead of
+// deleting it: once the apply has begun no new one is taken, so it may be
+// the only copy of the pre-upgrade state there is (a changed mode, bit rot
+// etcdutl or the trailer still lets one read around). It is renamed to
+// <name>.unverified, never counts again, and <name>.reason (0600) says why
+// and when. Only a regular file is kept: anything else under the name (a
+// symlink, a FIFO, a directory) holds no snapshot and is removed, never
+// followed. Every step is on names in the held directory.
+func (a *attempt) setAside(name, why string) error {
+	dfd := int(a.dir.Fd())
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("stat the unverifiable %s (%s): %v", name, why, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		if err := fsutil.RemoveAllAt(a.dir, name); err != nil {
+			return fmt.Errorf("remove the unverifiable %s (%s): %s", name, why, bare(err))
+		}
+		a.notes = append(a.notes, fmt.Sprintf("removed %s: %s", name, why))
+		_ = unix.Fsync(dfd)
+		return nil
+	}
+	to := name + unverifiedSuffix
+	err := unix.Renameat2(dfd, name, dfd, to, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EEXIST) {
+		// The same snapshot set aside before (or something planted under
+		// its name): the one found now replaces it.
+		if rerr := fsutil.RemoveAllAt(a.dir, to); rerr != nil {
+			return fmt.Errorf("set aside the unverifiable %s (%s): %s", name, why, bare(rerr))
+		}
+		err = unix.Renameat2(dfd, name, dfd, to, unix.RENAME_NOREPLACE)
+	}
+	if err != nil {
+		return fmt.Errorf("set aside the unverifiable %s (%s): %v", name, why, err)
+	}
+	note := fmt.Sprintf("set aside %s as %s: %s", name, to, why)
+	line := fmt.Sprintf("%s did not pass its re-verification at %s (target %s): %s. It never counts as the pre-upgrade snapshot; the next verified snapshot removes it.\n",
+		name, a.o.Now().UTC().Format(time.RFC3339), a.target, why)
+	if err := fsutil.WriteFileAtomicAt(a.dir, name+reasonSuffix, []byte(line), 0o600); err != nil {
+		note += fmt.Sprintf(" (%s not written: %s)", name+reasonSuffix, bare(err))
+	}
+	if a.asides == nil {
+		a.asides = map[int]aside{}
+	}
+	a.asides[len(a.notes)] = aside{name, why}
+	a.notes = append(a.notes, note)
+	a.boundAsides()
+	_ = unix.Fsync(dfd)
+	return nil
+}
+
+// asideOf returns the snapshot name a set-aside file or its reason
+// belongs to ("" for any other name).
+func asideOf(name string) string {
+	for _, suffix := range []string{unverifiedSuffix, reasonSuffix} {
+		if base, ok := strings.CutSuffix(name, suffix); ok && snapName().MatchString(base) {
+			return base
+		}
+	}
+	return ""
+}
+
+// boundAsides keeps the newest MaxUnverified set-aside snapshots (by the
+// time in their names) and removes the others with their reasons, and any
+// reason left without its snapshot. Names are unlinked, never followed.
+func (a *attempt) boundAsides() {
+	ents, err := fsutil.ReadDirAt(a.dir)
+	if err != nil {
+		return
+	}
+	var kept []string
+	reasons := map[string]bool{}
+	for _, e := range ents {
+		base := asideOf(e.Name())
+		switch {
+		case base == "":
+		case strings.HasSuffix(e.Name(), unverifiedSuffix):
+			kept = append(kept, base)
+		default:
+			reasons[base] = true
+		}
+	}
+	when := func(base string) string { return snapName().FindStringSubmatch(base)[3] }
+	sort.Slice(kept, func(i, j int) bool {
+		if when(kept[i]) != when(kept[j]) {
+			return when(kept[i]) > when(kept[j])
+		}
+		return kept[i] > kept[j]
+	})
+	dfd := int(a.dir.Fd())
+	for i, base := range kept {
+		if i < MaxUnverified {
+			delete(reasons, base)
+			continue
+		}
+		if unix.Unlinkat(dfd, base+unverifiedSuffix, 0) == nil {
+			a.notes = append(a.notes, fmt.Sprintf("removed the older set-aside %s (at most %d kept)", base+unverifiedSuffix, MaxUnverified))
+		}
+	}
+	for base := range reasons {
+		_ = unix.Unlinkat(dfd, base+reasonSuffix, 0)
+	}
 }
 
 // at is name in the held backup directory, as a path any process (etcdctl,
@@ -604,23 +723,33 @@ func seal(p string) error {
 func syncDir(dir string) { fsutil.SyncDir(dir) }
 
 // prune removes every other snapshot file (older targets, other clusters)
-// now that a new one is verified. Only regular files with our names.
+// and every set-aside one with its reason, now that a new one is verified.
+// Only regular files with our names. It returns how many snapshots (set
+// aside or not) it removed.
 func (a *attempt) prune(keep string) int {
 	ents, err := fsutil.ReadDirAt(a.dir)
 	if err != nil {
 		return 0
 	}
-	n := 0
+	n, removed := 0, map[string]bool{}
 	for _, e := range ents {
-		if e.Name() == keep || !e.Type().IsRegular() || !snapName().MatchString(e.Name()) {
+		name := e.Name()
+		if name == keep || !e.Type().IsRegular() || !snapName().MatchString(name) && asideOf(name) == "" {
 			continue
 		}
-		if unix.Unlinkat(int(a.dir.Fd()), e.Name(), 0) == nil {
+		if unix.Unlinkat(int(a.dir.Fd()), name, 0) == nil && !strings.HasSuffix(name, reasonSuffix) {
 			n++
+			removed[name] = true
 		}
 	}
 	if n > 0 {
 		_ = unix.Fsync(int(a.dir.Fd()))
+	}
+	// What this attempt set aside is gone too: a verified snapshot replaced it.
+	for i, x := range a.asides {
+		if removed[x.name+unverifiedSuffix] {
+			a.notes[i] = fmt.Sprintf("removed %s: %s (the new snapshot replaces it)", x.name, x.why)
+		}
 	}
 	return n
 }

@@ -294,14 +294,22 @@ func restoreAndRead(t *testing.T, snap, prefix string, n, size int) {
 	}
 }
 
-func TestOncePerClusterAndMinorAcrossReboot(t *testing.T) {
+// withSnapshot is a fixture whose etcd holds keys keys, with its v1.37
+// snapshot taken.
+func withSnapshot(t *testing.T, keys int) (*fixture, Result) {
+	t.Helper()
 	testutil.RequireRoot(t)
 	f := newFixture(t)
-	f.etcd.PutKeys("/registry/a/", 50, 100)
+	f.etcd.PutKeys("/registry/a/", keys, 100)
 	first := f.take(v1372)
 	if first.Outcome != Taken {
 		t.Fatalf("first: %s %s", first.Outcome, first.Reason)
 	}
+	return f, first
+}
+
+func TestOncePerClusterAndMinorAcrossReboot(t *testing.T) {
+	f, first := withSnapshot(t, 50)
 	var before unix.Stat_t
 	if err := unix.Stat(f.node.Path(first.Path), &before); err != nil {
 		t.Fatal(err)

@@ -1,10 +1,12 @@
 package etcdsnap
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -297,4 +299,101 @@ func write(t *testing.T, p string, b []byte, mode os.FileMode, uid int) {
 func withTrailer(body []byte) []byte {
 	sum := sha256.Sum256(body)
 	return append(body, sum[:]...)
+}
+
+// TestUnverifiableSnapshotIsSetAsideNotDeleted: the snapshot taken before
+// the apply stops verifying (a damaged byte) and the apply has begun (a cut
+// after kubeadm replaced etcd.yaml): no new one can be taken, so it is the
+// only copy of the pre-upgrade state. It is renamed <name>.unverified, its
+// reason written beside it as <name>.reason (0600), never through the
+// links planted at those names; it never counts again and is not
+// re-verified; at most one is kept; the next verified snapshot prunes it.
+func TestUnverifiableSnapshotIsSetAsideNotDeleted(t *testing.T) {
+	f, first := withSnapshot(t, 20)
+	dir := f.node.Path(paths.EtcdBackupDir)
+	name := filepath.Base(first.Path)
+	damaged, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	damaged[8192] ^= 0xff
+	write(t, filepath.Join(dir, name), damaged, 0o600, 0)
+
+	// Links planted at both names the step writes: never followed.
+	elsewhere := t.TempDir()
+	for _, n := range []string{name + ".unverified", name + ".reason"} {
+		target := filepath.Join(elsewhere, n)
+		write(t, target, []byte("someone else's file"), 0o644, 0)
+		if err := os.Symlink(target, filepath.Join(dir, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The cut: the member is on etcd 3.7, the apply has begun.
+	f.etcd.SetImage("registry.k8s.io/etcd:3.7.0-0")
+	f.log = &testutil.SyncBuffer{}
+	res := f.take(v1372)
+	if res.Outcome != Failed || !strings.Contains(res.Reason, "upgrade apply had already started") {
+		t.Fatalf("%s %q", res.Outcome, res.Reason)
+	}
+	f.oneLine(1, Failed, "reason=", "detail=", "set aside "+name+" as "+name+".unverified: sha256 trailer does not match")
+	if got := f.snapshots(); !slices.Equal(got, []string{name + ".reason", name + ".unverified"}) {
+		t.Fatalf("backup dir holds %q", got)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, name+".unverified")); err != nil || !bytes.Equal(b, damaged) {
+		t.Fatalf("the set-aside snapshot is not the file that was there: %v", err)
+	}
+	if uid, gid, mode := ownerAndMode(t, filepath.Join(dir, name+".unverified")); uid != 0 || gid != 0 || mode != 0o600 {
+		t.Fatalf("set-aside snapshot %d:%d %o", uid, gid, mode)
+	}
+	reason := filepath.Join(dir, name+".reason")
+	if uid, gid, mode := ownerAndMode(t, reason); uid != 0 || gid != 0 || mode != 0o600 {
+		t.Fatalf("reason file %d:%d %o", uid, gid, mode)
+	}
+	if b, err := os.ReadFile(reason); err != nil || !strings.Contains(string(b), name+" did not pass its re-verification at 2026-11-30T10:00:00Z (target v1.37.2): sha256 trailer does not match the content") {
+		t.Fatalf("reason file: %q %v", b, err)
+	}
+	for _, n := range []string{name + ".unverified", name + ".reason"} {
+		if b, err := os.ReadFile(filepath.Join(elsewhere, n)); err != nil || string(b) != "someone else's file" {
+			t.Fatalf("written through the link at %s: %q %v", n, b, err)
+		}
+	}
+
+	// Another boot, the apply still begun: the set-aside file is neither
+	// trusted nor verified again, and stays.
+	ran := len(f.run.cmds)
+	f.log = &testutil.SyncBuffer{}
+	if again := f.take(v1372); again.Outcome != Failed || again.Detail != "" {
+		t.Fatalf("%s %q %q", again.Outcome, again.Reason, again.Detail)
+	}
+	if len(f.run.cmds) != ran {
+		t.Fatalf("ran %v on a set-aside snapshot", f.run.paths()[ran:])
+	}
+	if got := f.snapshots(); !slices.Equal(got, []string{name + ".reason", name + ".unverified"}) {
+		t.Fatalf("backup dir holds %q", got)
+	}
+
+	// A second one set aside: only the newest is kept, with its reason.
+	newer := strings.Replace(name, "20261130T100000Z", "20261130T110000Z", 1)
+	write(t, filepath.Join(dir, newer), damaged, 0o600, 0)
+	f.log = &testutil.SyncBuffer{}
+	if r := f.take(v1372); r.Outcome != Failed || !strings.Contains(r.Detail, "removed the older set-aside "+name+".unverified (at most 1 kept)") {
+		t.Fatalf("%s %q", r.Outcome, r.Detail)
+	}
+	if got := f.snapshots(); !slices.Equal(got, []string{newer + ".reason", newer + ".unverified"}) {
+		t.Fatalf("backup dir holds %q", got)
+	}
+
+	// Before an apply again (the next upgrade): a verified snapshot is
+	// taken and the set-aside one goes with the older snapshots.
+	f.before(v1372)
+	f.now = f.now.Add(2 * time.Hour)
+	f.log = &testutil.SyncBuffer{}
+	next := f.take(v1372)
+	if next.Outcome != Taken || next.Pruned != 1 {
+		t.Fatalf("%+v", next)
+	}
+	if got := f.snapshots(); !slices.Equal(got, []string{filepath.Base(next.Path)}) {
+		t.Fatalf("backup dir holds %q", got)
+	}
 }
