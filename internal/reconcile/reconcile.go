@@ -427,8 +427,8 @@ func (p *pass) repairKubelet(ctx context.Context, obs Observation) error {
 // not run in this pass: after the A/B swap a worker's kubelet can crash-loop
 // on a removed flag while its API reads still work (kubelet.conf is only a
 // client certificate), and upgrade node does not rewrite kubeadm-flags.env.
-// The step itself does nothing when the kubelet (or the local apiserver)
-// answers.
+// The step itself decides whether kubelet-start is needed (repair.Repair:
+// the local apiserver answers, or a worker's kubelet does: nothing).
 func (p *pass) ensureKubelet(ctx context.Context, obs Observation) error {
 	if p.repaired || p.Steps.RepairKubelet == nil {
 		return nil

@@ -30,6 +30,15 @@ const (
 	EventCgroupV1     = "kubelet-cgroup-v1"
 	EventKubeletStart = "kubelet-start"
 	EventNotNeeded    = "kubelet-repair-not-needed"
+	// EventLocalAPIUnreachable: a control plane's kubelet runs, its local
+	// apiserver did not answer within budget.localAPI: the repair runs.
+	EventLocalAPIUnreachable = "kubelet-repair-local-api-unreachable"
+)
+
+// Triggers: why kubelet-start ran (the kubelet-start line's trigger=).
+const (
+	TriggerKubeletDown         = "kubelet-down"
+	TriggerLocalAPIUnreachable = "local-api-unreachable"
 )
 
 // ConfigPath is where the kubelet-start config lives while kubeadm reads it
@@ -72,10 +81,20 @@ type Repairer struct {
 	LocalAPIServerName string
 }
 
-// Repair does nothing when this control plane's apiserver answers. When the
-// kubelet answers (within a short grace) it only waits, bounded, for the
-// local apiserver of a control plane. When the kubelet is down it names the
-// removed kubelet flags kubelet-start cannot fix, runs kubeadm init phase
+// Repair runs kubeadm init phase kubelet-start when the kubelet cannot
+// bring this node up (upgrades.md: "when an upgrade is due and the local
+// API is unreachable"):
+//
+//   - a control plane whose local apiserver answers /readyz: nothing;
+//   - otherwise the kubelet gets KubeletGrace to answer /healthz. A worker
+//     whose kubelet answers: nothing (a worker has no local API; its kubelet
+//     crash-looping on a removed flag is what the repair is for). A control
+//     plane whose kubelet answers is most likely still starting its static
+//     pods after the boot: the local apiserver gets budget.localAPI, and
+//     only when it stays unreachable does the repair run;
+//   - a kubelet that does not answer: the repair runs at once.
+//
+// The repair names the removed kubelet flags kubelet-start cannot fix, runs
 // kubelet-start with a config built from the cluster file, restarts the
 // kubelet and waits, bounded, for it and (control plane) the local
 // apiserver. It returns warnings for the status document.
@@ -90,19 +109,31 @@ func (r *Repairer) Repair(ctx context.Context, in Input) ([]string, error) {
 	// Give a kubelet that is just starting (this unit starts with it) a short
 	// grace: one that crash-loops on a removed flag never serves /healthz.
 	b := wait.Budget{Total: KubeletGrace, Interval: 2 * time.Second, PerAttempt: r.attempt()}
+	trigger := TriggerKubeletDown
 	if wait.Poll(ctx, r.Clock, b, "kubelet", func(ctx context.Context) (bool, error) {
 		return true, r.Prober.Kubelet(ctx, r.kubeletURL())
 	}) == nil {
-		r.Log.Info(EventNotNeeded, "control_plane", in.ControlPlane)
 		if !in.ControlPlane {
+			r.Log.Info(EventNotNeeded, "control_plane", false)
 			return nil, nil
 		}
-		// The kubelet runs: the static control plane is still starting.
-		// Wait for it rather than restarting the kubelet under it.
+		// The kubelet runs: the static control plane is most likely still
+		// starting. Wait for it rather than restart the kubelet under it;
+		// only an apiserver still unreachable at the end of the budget
+		// makes the repair run.
 		b.Total = r.Budgets.LocalAPI
-		return nil, wait.Poll(ctx, r.Clock, b, "wait for the local apiserver", func(ctx context.Context) (bool, error) {
+		err := wait.Poll(ctx, r.Clock, b, "wait for the local apiserver", func(ctx context.Context) (bool, error) {
 			return true, r.localReadyz(ctx, in)
 		})
+		if err == nil {
+			r.Log.Info(EventNotNeeded, "control_plane", true)
+			return nil, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		trigger = TriggerLocalAPIUnreachable
+		r.Log.Warn(EventLocalAPIUnreachable, "kubelet", "running", "error", runner.Sanitize(err.Error(), 400))
 	}
 	warnings := r.scan(in)
 	cfg, err := KubeletStartConfig(in)
@@ -119,7 +150,7 @@ func (r *Repairer) Repair(ctx context.Context, in Input) ([]string, error) {
 	_, err = r.Runner.Run(ctx, runner.Cmd{Path: paths.Kubeadm, Args: []string{"init", "phase", "kubelet-start", "--config", full}, Timeout: r.Budgets.KubeletStart})
 	os.Remove(full)
 	if err != nil {
-		r.Log.Error(EventKubeletStart, "outcome", "failed", "error", runner.Sanitize(err.Error(), 400))
+		r.Log.Error(EventKubeletStart, "outcome", "failed", "trigger", trigger, "error", runner.Sanitize(err.Error(), 400))
 		return warnings, fmt.Errorf("kubeadm init phase kubelet-start: %w", err)
 	}
 	// kubelet-start restarts the kubelet itself but exits 0 when systemctl
@@ -129,7 +160,7 @@ func (r *Repairer) Repair(ctx context.Context, in Input) ([]string, error) {
 			return warnings, err
 		}
 	}
-	r.Log.Info(EventKubeletStart, "outcome", "ok", "target", in.Target.String())
+	r.Log.Info(EventKubeletStart, "outcome", "ok", "target", in.Target.String(), "trigger", trigger)
 
 	b.Total = r.Budgets.KubeletHealthy
 	if err := wait.Poll(ctx, r.Clock, b, "wait for the kubelet", func(ctx context.Context) (bool, error) {

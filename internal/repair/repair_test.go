@@ -288,17 +288,6 @@ func TestWorkerRepair(t *testing.T) {
 	}
 }
 
-func TestHealthyKubeletNeedsNoRepair(t *testing.T) {
-	g := newRig(t, true)
-	g.kl.healthy.Store(true)
-	if _, err := g.r.Repair(context.Background(), Input{Target: v137, Role: plan.RoleWorker, Kubeadm: config(t, "worker", "")}); err != nil {
-		t.Fatal(err)
-	}
-	if len(g.rec.Lines()) != 0 {
-		t.Fatalf("ran %q", g.rec.Lines())
-	}
-}
-
 func TestKubeletNeverHealthyNamesTheFlag(t *testing.T) {
 	g := newRig(t, false)
 	g.node.Write("/etc/default/kubelet", "KUBELET_EXTRA_ARGS=--containerd=/run/containerd/containerd.sock\n", 0o644)
@@ -371,31 +360,115 @@ func TestControlPlaneRepairWaitsForTheLocalAPI(t *testing.T) {
 	}
 }
 
-// A control plane whose kubelet runs but whose apiserver is still starting
-// (right after the boot): wait for the apiserver, never restart the kubelet.
-func TestControlPlaneWithARunningKubeletOnlyWaits(t *testing.T) {
-	var n atomic.Int64
-	api := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if n.Add(1) > 10 {
-			_, _ = w.Write([]byte("ok"))
-			return
-		}
-		http.Error(w, "[-]poststarthook/start-apiextensions-controllers failed", http.StatusServiceUnavailable)
-	}))
-	defer api.Close()
-	g := newRig(t, true)
-	g.kl.healthy.Store(true)
-	host, port, _ := strings.Cut(strings.TrimPrefix(api.URL, "https://"), ":")
-	g.r.LocalAPIHost, g.r.LocalAPIServerName = host, "example.com"
-	g.node.Write(CACert, string(pemOf(api)), 0o644)
-	g.node.Write(paths.APIServerManifest, strings.Replace(testutil.APIServerManifest("v1.36.3"), "--secure-port=6443", "--secure-port="+port, 1), 0o600)
-	if _, err := g.r.Repair(context.Background(), Input{Target: v137, ControlPlane: true, Role: plan.RoleControlPlane, Kubeadm: config(t, "controlplane", "")}); err != nil {
-		t.Fatal(err)
-	}
-	if len(g.rec.Lines()) != 0 {
-		t.Fatalf("restarted a running kubelet: %q", g.rec.Lines())
-	}
-	if n.Load() <= 10 {
-		t.Fatalf("did not wait for the apiserver (%d probes)", n.Load())
+// TestRepairTrigger is the rule upgrades.md and the README state, at the
+// runner: kubelet-start runs when the local API is unreachable (a control
+// plane) or the kubelet does not come up (a worker, which has no local
+// API). "Unreachable" is bounded, not one probe: a control plane whose
+// kubelet answers is still starting its static pods after the boot and
+// gets budget.localAPI (5m) first; a kubelet that does not answer within
+// the 30 s grace makes the repair run at once.
+func TestRepairTrigger(t *testing.T) {
+	const (
+		up      = "up"      // answers from the start
+		late    = "late"    // answers from the 12th probe on
+		started = "started" // answers once the repair restarted the kubelet
+		down    = "down"    // never answers
+		// grace is what reference.md promises a kubelet just starting.
+		grace = 30 * time.Second
+	)
+	for _, c := range []struct {
+		name         string
+		controlPlane bool
+		kubelet, api string
+		repair       bool   // kubeadm init phase kubelet-start, daemon-reload, restart kubelet
+		trigger      string // the kubelet-start line's trigger=
+		err          string // the last real error, when it fails
+		spent        time.Duration
+	}{
+		{name: "worker, kubelet up", kubelet: up},
+		{name: "worker, kubelet starting", kubelet: late},
+		{name: "worker, kubelet crash-looping", kubelet: started, repair: true, trigger: "kubelet-down", spent: grace},
+		{name: "worker, kubelet never up", kubelet: down, repair: true, trigger: "kubelet-down", err: "syncloop failed", spent: grace + 2*time.Minute},
+
+		{name: "control plane, local API up", controlPlane: true, kubelet: down, api: up},
+		{name: "control plane, kubelet up, API starting", controlPlane: true, kubelet: up, api: late},
+		{name: "control plane, kubelet crash-looping", controlPlane: true, kubelet: started, api: started, repair: true, trigger: "kubelet-down", spent: grace},
+		{name: "control plane, kubelet up, API unreachable until the repair", controlPlane: true, kubelet: up, api: started, repair: true, trigger: "local-api-unreachable", spent: 5 * time.Minute},
+		{name: "control plane, kubelet up, API never", controlPlane: true, kubelet: up, api: down, repair: true, trigger: "local-api-unreachable", err: "etcd failed", spent: 10 * time.Minute},
+		{name: "control plane, kubelet crash-looping, API never", controlPlane: true, kubelet: started, api: down, repair: true, trigger: "kubelet-down", err: "etcd failed", spent: grace + 5*time.Minute},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var restarted atomic.Bool
+			serves := func(mode string, n int64) bool {
+				return mode == up || mode == late && n >= 12 || mode == started && restarted.Load()
+			}
+			var kn, an atomic.Int64
+			kubelet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if serves(c.kubelet, kn.Add(1)) {
+					_, _ = w.Write([]byte("ok"))
+					return
+				}
+				http.Error(w, "[-]syncloop failed: reason withheld", http.StatusInternalServerError)
+			}))
+			defer kubelet.Close()
+			api := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/readyz" && serves(c.api, an.Add(1)) {
+					_, _ = w.Write([]byte("ok"))
+					return
+				}
+				http.Error(w, "[-]etcd failed: reason withheld", http.StatusServiceUnavailable)
+			}))
+			defer api.Close()
+
+			g := newRig(t, false)
+			g.rec.Reply = func(ctx context.Context, cmd runner.Cmd) (runner.Result, error) {
+				if cmd.String() == "/usr/bin/systemctl restart kubelet" {
+					restarted.Store(true)
+				}
+				return runner.Result{}, nil
+			}
+			g.r.KubeletHealthzURL = kubelet.URL + "/healthz"
+			host, port, _ := strings.Cut(strings.TrimPrefix(api.URL, "https://"), ":")
+			g.r.LocalAPIHost, g.r.LocalAPIServerName = host, "example.com" // httptest's certificate
+			g.node.Write(CACert, string(pemOf(api)), 0o644)
+			g.node.Write(paths.APIServerManifest, strings.Replace(testutil.APIServerManifest("v1.36.3"), "--secure-port=6443", "--secure-port="+port, 1), 0o600)
+			in := Input{Target: v137, Role: plan.RoleWorker, Kubeadm: config(t, "worker", "")}
+			if c.controlPlane {
+				in = Input{Target: v137, ControlPlane: true, Role: plan.RoleControlPlane, Kubeadm: config(t, "controlplane", "")}
+			}
+
+			start := g.clock.Now()
+			_, err := g.r.Repair(context.Background(), in)
+			spent := g.clock.Now().Sub(start)
+
+			want := []string{}
+			if c.repair {
+				want = g.repairLines()
+			}
+			if got := g.rec.Lines(); !reflect.DeepEqual(got, want) {
+				t.Fatalf("ran %q, want %q\n%s", got, want, g.log.String())
+			}
+			if c.err == "" && err != nil || c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
+				t.Fatalf("error %v, want %q", err, c.err)
+			}
+			// Virtual time: the waits the rule promises, and no more
+			// (a few 2 s intervals of slack).
+			if spent < c.spent || spent > c.spent+30*time.Second {
+				t.Fatalf("spent %s, want %s", spent, c.spent)
+			}
+			log := g.log.String()
+			if c.repair != strings.Contains(log, "msg=kubelet-start ") {
+				t.Fatalf("log:\n%s", log)
+			}
+			if c.repair && !strings.Contains(log, "trigger="+c.trigger) {
+				t.Fatalf("no trigger=%s in:\n%s", c.trigger, log)
+			}
+			if !c.repair && !strings.Contains(log, "msg=kubelet-repair-not-needed") {
+				t.Fatalf("log:\n%s", log)
+			}
+			if c.trigger == "local-api-unreachable" && !strings.Contains(log, "msg=kubelet-repair-local-api-unreachable kubelet=running") {
+				t.Fatalf("log:\n%s", log)
+			}
+		})
 	}
 }
