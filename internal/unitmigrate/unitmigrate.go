@@ -4,8 +4,10 @@
 // a link's target) equal exactly what this project shipped at that exact
 // path (system/shipped.yaml); anything else is kept and named in the journal,
 // and an edited copy makes the run fail on purpose so it shows in
-// `systemctl --failed`. Drop-ins an operator added under <unit>.d/ are never
-// read or touched. No symlink is ever followed. systemd is reloaded only when
+// `systemctl --failed`: also an edited copy of a drop-in a release shipped
+// whose name the image still ships (v0.3.0's kubelet.service.d/10-kubeadm.conf),
+// which would replace the image's drop-in for good. Drop-ins an operator
+// added under <unit>.d/ with names of their own are never read or touched. No symlink is ever followed. systemd is reloaded only when
 // something was removed.
 //
 // The decision is the pure function Decide over what Observe saw; Run acts.
@@ -68,8 +70,8 @@ type Action string
 const (
 	Nothing    Action = "nothing"     // absent
 	Remove     Action = "remove"      // exactly something shipped at this path
-	KeepEdited Action = "keep-edited" // ours by path, not by content: kept, reported, the run fails
-	KeepDropIn Action = "keep-dropin" // an operator's version of a shipped drop-in: kept, reported, not a failure
+	KeepEdited Action = "keep-edited" // ours by path, not by content (or an edited drop-in that shadows the image's): kept, reported, the run fails
+	KeepDropIn Action = "keep-dropin" // an operator's version of a drop-in name a release shipped that the image no longer ships: kept, reported, not a failure
 	KeepMasked Action = "keep-masked" // a link to /dev/null: the operator masked the unit
 )
 
@@ -124,6 +126,13 @@ func Decide(o Observed, m system.Manifest) Decision {
 			}
 		}
 		if inDropInDir {
+			if img, ok := imageDropIn(o.Path); ok {
+				// systemd reads one drop-in per name, /etc's before
+				// /usr/lib's: this one silently replaces the image's.
+				d.Action, d.Reason = KeepEdited, "an edited copy of a drop-in an earlier release shipped here: it replaces the image's "+img+
+					" of the same name, so the image's version never applies; move your changes into a drop-in of your own name in "+path.Dir(o.Path)+"/ (e.g. 20-local.conf) and remove this file"
+				return d
+			}
 			d.Action, d.Reason = KeepDropIn, "differs from every shipped version: an operator drop-in, left as it is"
 			return d
 		}
@@ -144,6 +153,18 @@ func Decide(o Observed, m system.Manifest) Decision {
 		d.Action, d.Reason = KeepEdited, runner.Sanitize(o.Detail, 200)
 	}
 	return d
+}
+
+// imageDropIn returns the image's drop-in that the /etc drop-in at p
+// shadows: the same <unit>.d/<name> under the image's unit directory.
+func imageDropIn(p string) (string, bool) {
+	img := path.Join(system.UnitDir, strings.TrimPrefix(p, system.EtcUnitDir+"/"))
+	for _, f := range system.Units() {
+		if f.Path == img {
+			return img, true
+		}
+	}
+	return "", false
 }
 
 func dropInDir(p string) string {

@@ -220,25 +220,20 @@ func TestEditedCopyKept(t *testing.T) {
 	}
 }
 
+// Drop-ins of the operator's own names are never read or touched, alone
+// or alongside a migration.
 func TestDropInsUntouched(t *testing.T) {
 	s := newSandbox(t)
 	op := []byte("[Service]\nEnvironment=HTTP_PROXY=http://proxy:3128\n")
 	s.write("/etc/systemd/system/kubelet.service.d/20-proxy.conf", op)
 	s.write("/etc/systemd/system/provider-kubernetes-reconcile.service.d/override.conf", op)
-	// The operator's own version of the drop-in v0.3.0 shipped.
-	opKubeadm := []byte(mustHistory(t, "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf") + "Environment=X=1\n")
-	s.write("/etc/systemd/system/kubelet.service.d/10-kubeadm.conf", opKubeadm)
 	st0, _ := os.Stat(s.p("/etc/systemd/system/kubelet.service.d/20-proxy.conf"))
 	res := s.run()
-	if res.ExitCode != 0 || len(res.Removed) != 0 || s.r.n != 0 {
-		t.Fatalf("%+v reloads=%d", res, s.r.n)
+	if res.ExitCode != 0 || res.Outcome() != "clean" || len(res.Removed) != 0 || s.r.n != 0 || len(s.j.e) != 0 {
+		t.Fatalf("%+v reloads=%d journal=%v", res, s.r.n, s.j.e)
 	}
-	for p, want := range map[string][]byte{
-		"/etc/systemd/system/kubelet.service.d/20-proxy.conf":                       op,
-		"/etc/systemd/system/provider-kubernetes-reconcile.service.d/override.conf": op,
-		"/etc/systemd/system/kubelet.service.d/10-kubeadm.conf":                     opKubeadm,
-	} {
-		if got, err := os.ReadFile(s.p(p)); err != nil || !bytes.Equal(got, want) {
+	for _, p := range []string{"/etc/systemd/system/kubelet.service.d/20-proxy.conf", "/etc/systemd/system/provider-kubernetes-reconcile.service.d/override.conf"} {
+		if got, err := os.ReadFile(s.p(p)); err != nil || !bytes.Equal(got, op) {
 			t.Errorf("%s changed: %v", p, err)
 		}
 	}
@@ -246,15 +241,71 @@ func TestDropInsUntouched(t *testing.T) {
 	if !st0.ModTime().Equal(st1.ModTime()) {
 		t.Error("operator drop-in modified")
 	}
-	if strings.Join(s.j.paths(), ",") != "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf" || s.j.e[0].prio != journal.PriNotice {
-		t.Fatalf("journal %+v", s.j.e)
-	}
-	// Alongside a migration, the operator's drop-in still stays.
+	// Alongside a migration (which removes v0.3.0's own, unedited
+	// kubelet.service.d/10-kubeadm.conf), the operator's drop-ins stay.
 	s.bootOldImage("v0.3.0")
 	res = s.run()
-	if res.ExitCode != 0 || len(res.Removed) != 6 || !s.exists("/etc/systemd/system/kubelet.service.d/20-proxy.conf") ||
-		!s.exists("/etc/systemd/system/kubelet.service.d/10-kubeadm.conf") {
+	if res.ExitCode != 0 || len(res.Removed) != 7 || !s.exists("/etc/systemd/system/kubelet.service.d/20-proxy.conf") ||
+		!s.exists("/etc/systemd/system/provider-kubernetes-reconcile.service.d/override.conf") ||
+		s.exists("/etc/systemd/system/kubelet.service.d/10-kubeadm.conf") {
 		t.Fatalf("%+v", res)
+	}
+}
+
+// An edited copy of v0.3.0's kubelet.service.d/10-kubeadm.conf has the name
+// of the image's own drop-in: systemd reads the /etc one instead of
+// /usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf, so the image's
+// version would never apply again. It is an edited copy like any other
+// (upgrades.md: kept, named in the journal, the unit fails) until the
+// changes move into a drop-in of the operator's own name.
+func TestEditedShippedDropInFails(t *testing.T) {
+	s := newSandbox(t)
+	s.bootOldImage("v0.3.0")
+	edited := []byte(mustHistory(t, "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf") + "Environment=X=1\n")
+	s.write("/etc/systemd/system/kubelet.service.d/10-kubeadm.conf", edited)
+	op := []byte("[Service]\nEnvironment=HTTP_PROXY=http://proxy:3128\n")
+	s.write("/etc/systemd/system/kubelet.service.d/20-proxy.conf", op)
+
+	res := s.run()
+	if res.ExitCode != 1 || res.Outcome() != "kept-edited" {
+		t.Fatalf("an edited 10-kubeadm.conf must fail the run: %+v", res)
+	}
+	if len(res.Kept) != 1 || res.Kept[0] != "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf" {
+		t.Fatalf("kept %v", res.Kept)
+	}
+	if got, err := os.ReadFile(s.p("/etc/systemd/system/kubelet.service.d/10-kubeadm.conf")); err != nil || !bytes.Equal(got, edited) {
+		t.Fatalf("the edited copy changed: %v", err)
+	}
+	if got, err := os.ReadFile(s.p("/etc/systemd/system/kubelet.service.d/20-proxy.conf")); err != nil || !bytes.Equal(got, op) {
+		t.Fatalf("the operator's drop-in changed: %v", err)
+	}
+	if len(s.j.e) != 1 || s.j.e[0].prio != journal.PriWarning ||
+		s.j.e[0].vars["PROVIDER_KUBERNETES_UNIT_PATH"] != "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf" ||
+		!strings.Contains(s.j.e[0].msg, "replaces the image's /usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf") ||
+		!strings.Contains(s.j.e[0].msg, "a drop-in of your own name in /etc/systemd/system/kubelet.service.d/") {
+		t.Fatalf("journal %+v", s.j.e)
+	}
+	// The rest of v0.3.0 is still migrated, systemd reloaded.
+	if len(res.Removed) != 6 || s.r.n != 1 {
+		t.Fatalf("removed %v reloads %d", res.Removed, s.r.n)
+	}
+	if l := s.summary(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, "outcome=kept-edited") ||
+		!strings.Contains(l, "kept_paths=/etc/systemd/system/kubelet.service.d/10-kubeadm.conf") {
+		t.Fatal(l)
+	}
+	// Every boot says it again until the changes move.
+	if res := s.run(); res.ExitCode != 1 || len(res.Kept) != 1 {
+		t.Fatalf("second boot: %+v", res)
+	}
+
+	// Moved into a drop-in of the operator's own name: nothing to say.
+	s.write("/etc/systemd/system/kubelet.service.d/20-local.conf", []byte("[Service]\nEnvironment=X=1\n"))
+	if err := os.Remove(s.p("/etc/systemd/system/kubelet.service.d/10-kubeadm.conf")); err != nil {
+		t.Fatal(err)
+	}
+	s.j.e = nil
+	if res := s.run(); res.ExitCode != 0 || res.Outcome() != "clean" || len(s.j.e) != 0 || !s.exists("/etc/systemd/system/kubelet.service.d/20-local.conf") {
+		t.Fatalf("after the move: %+v journal %v", res, s.j.e)
 	}
 }
 
@@ -374,7 +425,10 @@ func TestDecide(t *testing.T) {
 		{Observed{Path: f.Path, Kind: Regular, SHA256: f.SHA256}, Remove},
 		{Observed{Path: f.Path, Kind: Regular, SHA256: strings.Repeat("0", 64)}, KeepEdited},
 		{Observed{Path: f.Path, Kind: Regular, SHA256: ""}, KeepEdited}, // too big
-		{Observed{Path: "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf", Kind: Regular, SHA256: strings.Repeat("0", 64)}, KeepDropIn},
+		// An edited v0.3.0 drop-in whose name the image ships shadows it.
+		{Observed{Path: "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf", Kind: Regular, SHA256: strings.Repeat("0", 64)}, KeepEdited},
+		// A drop-in name the image does not ship: the operator's, left.
+		{Observed{Path: "/etc/systemd/system/kubelet.service.d/05-old.conf", Kind: Regular, SHA256: strings.Repeat("0", 64)}, KeepDropIn},
 		{Observed{Path: f.Path, Kind: Symlink, Target: "/dev/null"}, KeepMasked},
 		{Observed{Path: f.Path, Kind: Symlink, Target: "/usr/lib/systemd/system/kubelet.service"}, KeepEdited},
 		{Observed{Path: l.Path, Kind: Symlink, Target: l.Target}, Remove},
