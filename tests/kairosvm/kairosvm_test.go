@@ -85,8 +85,8 @@ var (
 	ephemeral = []string{"/etc/pk-test-ephemeral"}
 )
 
-// Heavy steps' budgets under TCG on 2 cores (measured ~9-10 min install,
-// ~11 min boot + upgrade, ~4-5 min a plain boot).
+// Heavy steps' budgets under TCG on 2 cores (measured 11m13s install,
+// 11m12s boot + upgrade, 3-6 min a plain boot).
 const (
 	installBudget = 35 * time.Minute
 	bootBudget    = 30 * time.Minute
@@ -96,11 +96,14 @@ func TestKairosNode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and boots a Kairos image: not in -short mode")
 	}
-	// Opt-in until it has passed end to end on this kind of machine: it
-	// has not yet (issue 21's note says where it stopped), and a first
-	// run in CI must not sink every other change with it.
+	// Opt-in: it passes on this kind of machine, but it does not fit CI's
+	// time. Measured cold on 2 cores: ~41 min beyond the builds CI already
+	// pays (the Kairos base and kairos-init ~7 min, the install 11 min,
+	// three boots 21 min), ~21 min warm (the installed disk is cached),
+	// against a cold CI run already at ~81 min of a 90 min limit
+	// (docs/development.md has the figures).
 	if os.Getenv("PROVIDER_KUBERNETES_KAIROS_VM") != "1" {
-		t.Skip("the Kairos VM test is opt-in for now: PROVIDER_KUBERNETES_KAIROS_VM=1 (issue 21)")
+		t.Skip("the Kairos VM test is opt-in: it does not fit CI's time (docs/development.md); PROVIDER_KUBERNETES_KAIROS_VM=1 runs it")
 	}
 	if runtime.GOARCH != "amd64" {
 		vmtest.Need(t, "the Kairos VM test needs amd64, not %s", runtime.GOARCH)
