@@ -14,7 +14,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kairos-io/provider-kubernetes/internal/publish"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/pkg/plan"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
@@ -68,7 +67,7 @@ func Build(w version.Window, cluster version.Version, nodes []Node, now time.Tim
 	// node's pin and any apiserver.
 	target := cluster
 	for _, n := range nodes {
-		for _, s := range []string{n.Annotations[publish.Prefix+publish.KeyPin], n.APIServer} {
+		for _, s := range []string{n.Annotations[status.AnnotationPrefix+status.KeyPin], n.APIServer} {
 			if x, err := version.ParseReported(s); err == nil && target.Less(x) {
 				target = x
 			}
@@ -84,10 +83,10 @@ func Build(w version.Window, cluster version.Version, nodes []Node, now time.Tim
 	var problems, cpsBehind, workersBehind []string
 	converged := !target.IsZero()
 	for _, n := range nodes {
-		a := func(k string) string { return n.Annotations[publish.Prefix+k] }
+		a := func(k string) string { return n.Annotations[status.AnnotationPrefix+k] }
 		r := Row{Name: n.Name, Role: "worker", Kubelet: n.Kubelet, Ready: n.Ready, APIServer: n.APIServer,
-			Phase: a(publish.KeyPhase), Outcome: a(publish.KeyOutcome), Refusal: a(publish.KeyRefusal), Reason: a(publish.KeyReason),
-			Message: a(publish.KeyMessage), Pin: a(publish.KeyPin), Bundled: a(publish.KeyBundled), LastPass: a(publish.KeyTime)}
+			Phase: a(status.KeyPhase), Outcome: a(status.KeyOutcome), Refusal: a(status.KeyRefusal), Reason: a(status.KeyReason),
+			Message: a(status.KeyMessage), Pin: a(status.KeyPin), Bundled: a(status.KeyBundled), LastPass: a(status.KeyTime)}
 		if n.ControlPlane {
 			r.Role = "control-plane"
 		}

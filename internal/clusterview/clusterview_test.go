@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kairos-io/provider-kubernetes/internal/publish"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
@@ -17,8 +17,8 @@ var (
 )
 
 func ann(phase, outcome, pin, refusal string) map[string]string {
-	return map[string]string{publish.Prefix + "phase": phase, publish.Prefix + "outcome": outcome, publish.Prefix + "pin": pin,
-		publish.Prefix + "refusal": refusal, publish.Prefix + "time": "2026-11-29T12:00:00Z"}
+	return map[string]string{status.AnnotationPrefix + "phase": phase, status.AnnotationPrefix + "outcome": outcome, status.AnnotationPrefix + "pin": pin,
+		status.AnnotationPrefix + "refusal": refusal, status.AnnotationPrefix + "time": "2026-11-29T12:00:00Z"}
 }
 
 func cp(name, kubelet, apiserver string, a map[string]string) Node {

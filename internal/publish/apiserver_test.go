@@ -76,7 +76,7 @@ func TestPublishAgainstTheRealAPIServer(t *testing.T) {
 	publishAt(d, 0)
 	got, annotations := node()
 	want := condition{"KubernetesUpgrade", "False", "SkipLevel", "v1.35.1 -> v1.37.2 skips a minor", "2026-11-29T12:00:00Z", "2026-11-29T12:00:00Z"}
-	if got["KubernetesUpgrade"] != want || len(got) != 3 || annotations[Prefix+KeyPhase] != "Refused" {
+	if got["KubernetesUpgrade"] != want || len(got) != 3 || annotations[status.AnnotationPrefix+status.KeyPhase] != "Refused" {
 		t.Fatalf("after a refused pass: %+v, annotations %v", got, annotations)
 	}
 	kubeletKept(got)
@@ -96,7 +96,7 @@ func TestPublishAgainstTheRealAPIServer(t *testing.T) {
 	publishAt(d, 2*time.Hour)
 	got, annotations = node()
 	want = condition{"KubernetesUpgrade", "True", "Converged", "converged at v1.37.2", "2026-11-29T14:00:00Z", "2026-11-29T14:00:00Z"}
-	if got["KubernetesUpgrade"] != want || len(got) != 3 || annotations[Prefix+KeyPhase] != "Converged" {
+	if got["KubernetesUpgrade"] != want || len(got) != 3 || annotations[status.AnnotationPrefix+status.KeyPhase] != "Converged" {
 		t.Fatalf("after a converged pass: %+v, annotations %v", got, annotations)
 	}
 	kubeletKept(got)

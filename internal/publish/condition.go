@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/kairos-io/provider-kubernetes/internal/kube"
-	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 )
 
@@ -22,8 +21,9 @@ const ConditionType = "KubernetesUpgrade"
 //     refused or failed. The reason is the refusal code or the failure
 //     reason; the next boot decides again.
 //   - Unknown: not known yet: a pass is upgrading or bootstrapping the
-//     node, or the last document says something else (a reset, a restored
-//     etcd member). The reason is the phase.
+//     node or waiting for its turn at the control-plane gate, or the last
+//     document says something else (a reset, a restored etcd member). The
+//     reason is the phase.
 //
 // So `kubectl wait --for=condition=KubernetesUpgrade=True` waits for
 // success only, and `=False` for a stop that needs a person.
@@ -56,18 +56,12 @@ func reasonOr(fallback string, candidates ...string) string {
 	return fallback
 }
 
-// message is the document's message as the Node carries it: escaped,
-// secrets masked, at most MaxMessage bytes.
-func message(d status.Document) string {
-	return runner.Sanitize(status.Printable(d.Message), MaxMessage)
-}
-
 // Condition is the KubernetesUpgrade condition for the document d, given
 // the Node's current one (nil when it has none), published at now: the
 // heartbeat is now; the transition time is kept while the status stays
 // the same, and is now when it changes.
 func Condition(d status.Document, prev *kube.NodeCondition, now time.Time) kube.NodeCondition {
-	c := kube.NodeCondition{Type: ConditionType, Message: message(d), LastHeartbeatTime: now, LastTransitionTime: now}
+	c := kube.NodeCondition{Type: ConditionType, Message: status.NodeMessage(d), LastHeartbeatTime: now, LastTransitionTime: now}
 	switch d.Phase {
 	case status.PhaseConverged:
 		c.Status, c.Reason = ConditionTrue, status.PhaseConverged

@@ -34,6 +34,7 @@ func TestConditionFromThePass(t *testing.T) {
 		{with("Failed", "", "KubeadmFailed"), "False", "KubeadmFailed"},
 		{with("Failed", "", "\x1b[2JForged"), "False", "Failed"},
 		{with("Upgrading", "", ""), "Unknown", "Upgrading"},
+		{with("Waiting", "", ""), "Unknown", "Waiting"},
 		{with("Bootstrapping", "", ""), "Unknown", "Bootstrapping"},
 		{with("ResetFailed", "", "KubeadmResetFailed"), "Unknown", "ResetFailed"},
 		{with("EtcdRestored", "", ""), "Unknown", "EtcdRestored"},
@@ -51,7 +52,7 @@ func TestConditionFromThePass(t *testing.T) {
 	// The message as the annotation carries it: escaped, bounded.
 	d := doc("Failed")
 	d.Message = "kubeadm said\x1b[2J\n" + strings.Repeat("x", 900)
-	if m := Condition(d, nil, now).Message; len(m) > MaxMessage+16 || strings.ContainsAny(m, "\x1b\n") || m != Annotations(d)[Prefix+KeyMessage] {
+	if m := Condition(d, nil, now).Message; len(m) > status.MaxAnnotationMessage+16 || strings.ContainsAny(m, "\x1b\n") || m != status.Annotations(d)[status.AnnotationPrefix+status.KeyMessage] {
 		t.Errorf("message not escaped and bounded as the annotation's: %d bytes %q", len(m), m[:40])
 	}
 }

@@ -34,27 +34,6 @@ import (
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
-// Prefix starts every annotation the provider writes on a Node.
-const Prefix = "provider-kubernetes.kairos.io/"
-
-// Annotation keys (after Prefix).
-const (
-	KeyPhase           = "phase"
-	KeyOutcome         = "outcome"
-	KeyRole            = "role"
-	KeyNodeVersion     = "node-version"
-	KeyVerifiedVersion = "verified-version"
-	KeyPin             = "pin"
-	KeyBundled         = "bundled"
-	KeyClusterVersion  = "cluster-version"
-	KeyRefusal         = "refusal"
-	KeyReason          = "reason"
-	KeyMessage         = "message"
-	KeyLastAction      = "last-action"
-	KeyTime            = "time"
-	KeyBootID          = "boot-id"
-)
-
 // Event is the log line of a publish.
 const Event = "node-publish"
 
@@ -67,33 +46,9 @@ const (
 	ReasonClusterAhead = "ClusterAhead"
 )
 
-// MaxMessage bounds the message annotation.
-const MaxMessage = 500
-
 // ClusterReadFor bounds how long publish keeps trying to read the cluster
 // version once the pass is on the Node (at most half its budget).
 const ClusterReadFor = 2 * time.Minute
-
-// Annotations is the status document as the Node's annotations: every key
-// is always set (empty when the document has no value), so a refusal of
-// an earlier pass does not linger after a converged one.
-func Annotations(d status.Document) map[string]string {
-	outcome := map[string]string{
-		status.PhaseConverged: "converged", status.PhaseRefused: "refused", status.PhaseFailed: "failed",
-		status.PhaseUpgrading: "running", status.PhaseBootstrapping: "running",
-	}[d.Phase]
-	m := map[string]string{
-		KeyPhase: d.Phase, KeyOutcome: outcome, KeyRole: d.Role, KeyNodeVersion: d.NodeVersion,
-		KeyVerifiedVersion: d.VerifiedVersion, KeyPin: d.Pin, KeyBundled: d.Bundled, KeyClusterVersion: d.ClusterVersion,
-		KeyRefusal: d.Refusal, KeyReason: d.Reason, KeyMessage: message(d),
-		KeyLastAction: d.LastAction, KeyTime: d.Time, KeyBootID: d.BootID,
-	}
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[Prefix+k] = v
-	}
-	return out
-}
 
 // Options configure a publish.
 type Options struct {
@@ -158,7 +113,7 @@ func Run(ctx context.Context, o Options) error {
 		done, aheadDone = len(d.Events), true
 	}
 	start := o.Clock.Now()
-	annotations := Annotations(d)
+	annotations := status.Annotations(d)
 	// The cluster's version, when the pass did not read it: for the
 	// annotation and the "cluster ahead" warning. Best effort: a failed
 	// read is retried for up to ClusterReadFor (a control plane's apiserver
@@ -177,7 +132,7 @@ func Run(ctx context.Context, o Options) error {
 	err = wait.Poll(ctx, o.Clock, b, "publish the last pass on node "+node, func(ctx context.Context) (bool, error) {
 		if cluster.IsZero() {
 			if cluster, clusterErr = client.ClusterVersion(ctx); clusterErr == nil {
-				annotations[Prefix+KeyClusterVersion] = cluster.String()
+				annotations[status.AnnotationPrefix+status.KeyClusterVersion] = cluster.String()
 			}
 		}
 		if err := client.Annotate(ctx, node, annotations); err != nil {

@@ -20,31 +20,6 @@ func doc(phase string) status.Document {
 		ClusterVersion: "v1.37.2", Time: "2026-11-29T12:00:00Z", BootID: "b-1"}
 }
 
-func TestAnnotations(t *testing.T) {
-	d := doc(status.PhaseRefused)
-	d.Refusal, d.Reason, d.Message = "PinNewerThanImage", "UpgradeRefused", "pin v1.37.2 is newer than the kubeadm v1.36.3 this image bundles\x1b[2J"+strings.Repeat("x", 900)
-	a := Annotations(d)
-	for k, want := range map[string]string{"phase": "Refused", "outcome": "refused", "refusal": "PinNewerThanImage", "reason": "UpgradeRefused",
-		"pin": "v1.37.2", "node-version": "v1.37.2", "bundled": "v1.37.2", "time": "2026-11-29T12:00:00Z", "boot-id": "b-1", "role": "worker"} {
-		if a[Prefix+k] != want {
-			t.Errorf("%s = %q, want %q", k, a[Prefix+k], want)
-		}
-	}
-	if m := a[Prefix+"message"]; len(m) > MaxMessage+16 || strings.ContainsRune(m, 0x1b) {
-		t.Errorf("message not bounded and sanitized: %d bytes %q", len(m), m[:40])
-	}
-	// A converged pass clears the refusal of an earlier one.
-	a = Annotations(doc(status.PhaseConverged))
-	if v, ok := a[Prefix+"refusal"]; !ok || v != "" || a[Prefix+"outcome"] != "converged" {
-		t.Errorf("converged: refusal %q (set %v), outcome %q", v, ok, a[Prefix+"outcome"])
-	}
-	for k := range a {
-		if !strings.HasPrefix(k, Prefix) {
-			t.Errorf("annotation %s outside the prefix", k)
-		}
-	}
-}
-
 type env struct {
 	node *testutil.Node
 	api  *testutil.API
@@ -86,7 +61,7 @@ func TestPublishOnTheNodesOwnNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := e.api.NodeAnnotations("n1")
-	if a[Prefix+"phase"] != "Converged" || a[Prefix+"node-version"] != "v1.37.2" {
+	if a[status.AnnotationPrefix+"phase"] != "Converged" || a[status.AnnotationPrefix+"node-version"] != "v1.37.2" {
 		t.Fatalf("annotations %v", a)
 	}
 	evs := e.api.Events()
@@ -124,8 +99,8 @@ func TestPublishTellsAClusterAheadOfAConvergedNode(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if a := e.api.NodeAnnotations("n1"); a[Prefix+"cluster-version"] != "v1.37.2" {
-		t.Fatalf("cluster-version annotation %q", a[Prefix+"cluster-version"])
+	if a := e.api.NodeAnnotations("n1"); a[status.AnnotationPrefix+"cluster-version"] != "v1.37.2" {
+		t.Fatalf("cluster-version annotation %q", a[status.AnnotationPrefix+"cluster-version"])
 	}
 	evs := e.api.Events()
 	if len(evs) != 1 || evs[0].Type != "Warning" || evs[0].Reason != ReasonClusterAhead || !strings.Contains(evs[0].Message, "the cluster is at v1.37.2, ahead of this node's v1.36.3") {
@@ -165,7 +140,7 @@ func TestPublishTellsAClusterAheadOfAConvergedNode(t *testing.T) {
 	if err := e.run(t, 5*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if a := e.api.NodeAnnotations("n1"); a[Prefix+"phase"] != "Converged" || len(e.api.Events()) != 0 ||
+	if a := e.api.NodeAnnotations("n1"); a[status.AnnotationPrefix+"phase"] != "Converged" || len(e.api.Events()) != 0 ||
 		!strings.Contains(e.log.String(), `msg=node-publish outcome=ok node=n1`) || !strings.Contains(e.log.String(), `detail="cluster version not read: `) {
 		t.Fatalf("forbidden for good: annotations %v events %+v\n%s", a, e.api.Events(), e.log.String())
 	}
@@ -179,8 +154,8 @@ func TestPublishTellsAClusterAheadOfAConvergedNode(t *testing.T) {
 	if err := e.run(t, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if a := e.api.NodeAnnotations("n1"); a[Prefix+"cluster-version"] != "v1.37.2" || len(e.api.Events()) != 0 || strings.Contains(e.log.String(), "cluster-ahead") {
-		t.Fatalf("at the cluster's version: annotation %q, events %+v\n%s", a[Prefix+"cluster-version"], e.api.Events(), e.log.String())
+	if a := e.api.NodeAnnotations("n1"); a[status.AnnotationPrefix+"cluster-version"] != "v1.37.2" || len(e.api.Events()) != 0 || strings.Contains(e.log.String(), "cluster-ahead") {
+		t.Fatalf("at the cluster's version: annotation %q, events %+v\n%s", a[status.AnnotationPrefix+"cluster-version"], e.api.Events(), e.log.String())
 	}
 }
 
@@ -265,7 +240,7 @@ func TestAHostnameThatIsNoNodeNameIsRefused(t *testing.T) {
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}); err != nil {
 		t.Fatal(err)
 	}
-	if a := api.NodeAnnotations("n1"); a[Prefix+"phase"] != "Converged" {
+	if a := api.NodeAnnotations("n1"); a[status.AnnotationPrefix+"phase"] != "Converged" {
 		t.Fatalf("annotations %v", a)
 	}
 }

@@ -22,8 +22,12 @@ import (
 
 // Phases.
 const (
-	PhaseConverged     = "Converged"
-	PhaseUpgrading     = "Upgrading"
+	PhaseConverged = "Converged"
+	PhaseUpgrading = "Upgrading"
+	// PhaseWaiting: a control plane's pass waiting at the control-plane
+	// gate for its turn (another control plane is upgrading) or for the
+	// cluster to be healthy, before its kubeadm upgrade.
+	PhaseWaiting       = "Waiting"
 	PhaseBootstrapping = "Bootstrapping"
 	PhaseRefused       = "Refused"
 	PhaseFailed        = "Failed"

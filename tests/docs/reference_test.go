@@ -156,13 +156,13 @@ func TestReferenceStatusFields(t *testing.T) {
 		}
 	}
 	annotations := oneLine(sec[strings.Index(sec, "annotations on the Node"):])
-	for k := range publish.Annotations(status.Document{}) {
-		k = strings.TrimPrefix(k, publish.Prefix)
+	for k := range status.Annotations(status.Document{}) {
+		k = strings.TrimPrefix(k, status.AnnotationPrefix)
 		if !strings.Contains(annotations, "`"+k+"`") {
-			t.Errorf("the Node annotation %s%s is not in docs/reference.md", publish.Prefix, k)
+			t.Errorf("the Node annotation %s%s is not in docs/reference.md", status.AnnotationPrefix, k)
 		}
 	}
-	if !strings.Contains(annotations, "`"+publish.Prefix+"`") {
+	if !strings.Contains(annotations, "`"+status.AnnotationPrefix+"`") {
 		t.Error("the annotations' prefix is not in docs/reference.md")
 	}
 }

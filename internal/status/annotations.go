@@ -1,0 +1,58 @@
+package status
+
+import "github.com/kairos-io/provider-kubernetes/internal/runner"
+
+// AnnotationPrefix starts every annotation the provider writes on a Node:
+// the status document as other nodes and tools read it from the API
+// (`provider-kubernetes publish` after every pass, the control-plane gate
+// during one, `status --cluster` and the gate reading them back).
+const AnnotationPrefix = "provider-kubernetes.kairos.io/"
+
+// Annotation keys (after AnnotationPrefix).
+const (
+	KeyPhase           = "phase"
+	KeyOutcome         = "outcome"
+	KeyRole            = "role"
+	KeyNodeVersion     = "node-version"
+	KeyVerifiedVersion = "verified-version"
+	KeyPin             = "pin"
+	KeyBundled         = "bundled"
+	KeyClusterVersion  = "cluster-version"
+	KeyRefusal         = "refusal"
+	KeyReason          = "reason"
+	KeyMessage         = "message"
+	KeyLastAction      = "last-action"
+	KeyTime            = "time"
+	KeyBootID          = "boot-id"
+)
+
+// MaxAnnotationMessage bounds the message annotation.
+const MaxAnnotationMessage = 500
+
+// NodeMessage is the document's message as a Node carries it (the message
+// annotation, the KubernetesUpgrade condition's message): escaped, secrets
+// masked, at most MaxAnnotationMessage bytes.
+func NodeMessage(d Document) string {
+	return runner.Sanitize(Printable(d.Message), MaxAnnotationMessage)
+}
+
+// Annotations is the document as a Node's annotations: every key is always
+// set (empty when the document has no value), so a refusal of an earlier
+// pass does not linger after a converged one.
+func Annotations(d Document) map[string]string {
+	outcome := map[string]string{
+		PhaseConverged: "converged", PhaseRefused: "refused", PhaseFailed: "failed",
+		PhaseUpgrading: "running", PhaseWaiting: "running", PhaseBootstrapping: "running",
+	}[d.Phase]
+	m := map[string]string{
+		KeyPhase: d.Phase, KeyOutcome: outcome, KeyRole: d.Role, KeyNodeVersion: d.NodeVersion,
+		KeyVerifiedVersion: d.VerifiedVersion, KeyPin: d.Pin, KeyBundled: d.Bundled, KeyClusterVersion: d.ClusterVersion,
+		KeyRefusal: d.Refusal, KeyReason: d.Reason, KeyMessage: NodeMessage(d),
+		KeyLastAction: d.LastAction, KeyTime: d.Time, KeyBootID: d.BootID,
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[AnnotationPrefix+k] = v
+	}
+	return out
+}
