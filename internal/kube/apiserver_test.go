@@ -94,7 +94,8 @@ func TestAgainstTheRealAPIServer(t *testing.T) {
 		t.Fatalf("node records %+v %+v", all[6], all[7])
 	}
 	cps, err := c.ControlPlaneNodes(ctx)
-	if err != nil || len(cps) != 1 || cps[0] != (NodeAddr{Name: "n0007", IP: "10.0.0.7"}) {
+	if err != nil || len(cps) != 1 || cps[0].Name != "n0007" || cps[0].IP != "10.0.0.7" || cps[0].Ready || !cps[0].NoCNI ||
+		cps[0].NotReady != "KubeletNotReady: container runtime network not ready: cni config uninitialized" {
 		t.Fatalf("control planes %+v %v", cps, err)
 	}
 	ni, err := c.Node(ctx, "n0007")

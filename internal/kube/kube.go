@@ -531,9 +531,11 @@ type NodeInfo struct {
 
 // NoCNI reports whether a NotReady node is waiting only for a network
 // plugin: a known state on a cluster without a CNI yet, not a hang.
-func (n NodeInfo) NoCNI() bool {
-	m := strings.ToLower(n.ReadyMessage)
-	return !n.Ready && (strings.Contains(m, "cni") || strings.Contains(m, "network plugin"))
+func (n NodeInfo) NoCNI() bool { return noCNI(n.Ready, n.ReadyMessage) }
+
+func noCNI(ready bool, message string) bool {
+	m := strings.ToLower(message)
+	return !ready && (strings.Contains(m, "cni") || strings.Contains(m, "network plugin"))
 }
 
 // Readyz asks the apiserver this client talks to for /readyz.
@@ -725,14 +727,42 @@ func (c *Client) NodeEvent(ctx context.Context, nodeName, eventType, reason, mes
 	return nil
 }
 
-// NodeRecord is what the cluster view reads of a Node.
+// NodeRecord is what a list of Nodes gives of each (the cluster view,
+// the control-plane gate).
 type NodeRecord struct {
 	Name           string
 	UID            string
 	ControlPlane   bool // labelled node-role.kubernetes.io/control-plane
 	KubeletVersion string
 	Ready          bool
-	Annotations    map[string]string
+	// NotReady is the Ready condition's reason and message when not Ready;
+	// NoCNI says it waits only for a network plugin (NodeInfo.NoCNI).
+	NotReady    string
+	NoCNI       bool
+	IP          string // its InternalIP
+	Annotations map[string]string
+}
+
+// record is a listed Node as a NodeRecord.
+func record(n node) NodeRecord {
+	_, cp := n.Metadata.Labels["node-role.kubernetes.io/control-plane"]
+	r := NodeRecord{Name: n.Metadata.Name, UID: n.Metadata.UID, ControlPlane: cp, KubeletVersion: n.Status.NodeInfo.KubeletVersion, Annotations: n.Metadata.Annotations}
+	var reason, message string
+	r.Ready, reason, message = n.ready()
+	switch {
+	case !r.Ready && reason == "" && message == "":
+		r.NotReady = "no Ready condition"
+	case !r.Ready:
+		r.NotReady = strings.TrimPrefix(reason+": "+message, ": ")
+		r.NoCNI = noCNI(r.Ready, message)
+	}
+	for _, a := range n.Status.Addresses {
+		if a.Type == "InternalIP" {
+			r.IP = a.Address
+			break
+		}
+	}
+	return r
 }
 
 // listNodes lists the Nodes (those matching selector, when given), in
@@ -789,41 +819,27 @@ func (c *Client) Nodes(ctx context.Context) ([]NodeRecord, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list nodes via %s: %w", c.Kubeconfig, err)
 	}
-	out := make([]NodeRecord, 0, len(items))
-	for _, n := range items {
-		_, cp := n.Metadata.Labels["node-role.kubernetes.io/control-plane"]
-		r := NodeRecord{Name: n.Metadata.Name, UID: n.Metadata.UID, ControlPlane: cp, KubeletVersion: n.Status.NodeInfo.KubeletVersion, Annotations: n.Metadata.Annotations}
-		r.Ready, _, _ = n.ready()
-		out = append(out, r)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
+	return records(items), nil
 }
 
-// NodeAddr is a Node's name and internal address.
-type NodeAddr struct{ Name, IP string }
+func records(items []node) []NodeRecord {
+	out := make([]NodeRecord, 0, len(items))
+	for _, n := range items {
+		out = append(out, record(n))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
 
 // ControlPlaneNodes lists the Nodes labelled node-role.kubernetes.io/control-plane
 // (kubeadm labels every control plane), sorted by name. Needs list on
 // Nodes: admin.conf has it, a node's own credentials do not.
-func (c *Client) ControlPlaneNodes(ctx context.Context) ([]NodeAddr, error) {
+func (c *Client) ControlPlaneNodes(ctx context.Context) ([]NodeRecord, error) {
 	items, err := c.listNodes(ctx, "node-role.kubernetes.io/control-plane")
 	if err != nil {
 		return nil, fmt.Errorf("list control-plane nodes via %s: %w", c.Kubeconfig, err)
 	}
-	var out []NodeAddr
-	for _, n := range items {
-		na := NodeAddr{Name: n.Metadata.Name}
-		for _, a := range n.Status.Addresses {
-			if a.Type == "InternalIP" {
-				na.IP = a.Address
-				break
-			}
-		}
-		out = append(out, na)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
+	return records(items), nil
 }
 
 // Rollout is an add-on workload's image and rollout state.

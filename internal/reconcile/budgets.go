@@ -28,8 +28,12 @@ type Budgets struct {
 	KubeletHealthy time.Duration `json:"kubeletHealthy"`
 	// LocalAPI: this control plane's apiserver answering /readyz after the repair.
 	LocalAPI time.Duration `json:"localAPI"`
-	// ControlPlaneHealth: a follower's gate before upgrade node (the cluster
-	// endpoint's /readyz and every etcd member healthy).
+	// ControlPlaneTurn: a control plane waiting for its turn before its
+	// kubeadm upgrade, while another control plane upgrades.
+	ControlPlaneTurn time.Duration `json:"controlPlaneTurn"`
+	// ControlPlaneHealth: the gate before a control plane's kubeadm upgrade,
+	// once it holds its turn (the cluster endpoint's /readyz, every
+	// control-plane Node Ready, every etcd member healthy).
 	ControlPlaneHealth time.Duration `json:"controlPlaneHealth"`
 	// EtcdSnapshot: the pre-upgrade snapshot step, all of it.
 	EtcdSnapshot time.Duration `json:"etcdSnapshot"`
@@ -55,6 +59,7 @@ func DefaultBudgets() Budgets {
 		KubeletStart:       2 * time.Minute,
 		KubeletHealthy:     2 * time.Minute,
 		LocalAPI:           5 * time.Minute,
+		ControlPlaneTurn:   10 * time.Minute,
 		ControlPlaneHealth: 5 * time.Minute,
 		EtcdSnapshot:       2 * time.Minute,
 		KubeletRestart:     2 * time.Minute,
@@ -67,13 +72,14 @@ func DefaultBudgets() Budgets {
 
 // PassBound is the documented upper bound of one pass with default budgets:
 // the sum of every budget a pass can spend, with margin. The reconcile unit's
-// TimeoutStartSec uses it.
-const PassBound = 50 * time.Minute
+// TimeoutStartSec uses it; it is also how long a control plane's published
+// Upgrading counts for the others' turn (its pass cannot run longer).
+const PassBound = 60 * time.Minute
 
 // Total is the most a pass can spend with these budgets: the longest of
 // the control-plane upgrade path (two cluster-version reads around a repair,
-// the repair with its waits, the snapshot, the follower gate, one kubeadm
-// upgrade, a restart and a verification), the worker upgrade path (the same
+// the repair with its waits, the snapshot, the wait for its turn and the
+// health gate, one kubeadm upgrade, a restart and a verification), the worker upgrade path (the same
 // without the local API, snapshot and gate, with the wait for the control
 // planes) and a bootstrap (a control-plane join waits for /readyz, then one
 // kubeadm init or join).
@@ -82,7 +88,7 @@ const PassBound = 50 * time.Minute
 // budgets that add up past int64 read as too long rather than negative.
 func (b Budgets) Total() time.Duration {
 	common := sumDurations(b.ClusterVersion, b.ClusterVersion, b.KubeletStart, b.KubeletHealthy, b.KubeadmUpgrade, b.KubeletRestart, b.Verify)
-	cp := sumDurations(common, b.LocalAPI, b.EtcdSnapshot, b.ControlPlaneHealth)
+	cp := sumDurations(common, b.LocalAPI, b.EtcdSnapshot, b.ControlPlaneTurn, b.ControlPlaneHealth)
 	worker := sumDurations(common, b.WaitForCluster)
 	bootstrap := sumDurations(b.ControlPlaneReady, b.KubeadmBootstrap)
 	return max(cp, worker, bootstrap)
@@ -124,6 +130,7 @@ func (b *Budgets) fields() map[string]*time.Duration {
 		"kubeletStart":       &b.KubeletStart,
 		"kubeletHealthy":     &b.KubeletHealthy,
 		"localAPI":           &b.LocalAPI,
+		"controlPlaneTurn":   &b.ControlPlaneTurn,
 		"controlPlaneHealth": &b.ControlPlaneHealth,
 		"etcdSnapshot":       &b.EtcdSnapshot,
 		"kubeletRestart":     &b.KubeletRestart,

@@ -148,7 +148,7 @@ func TestApplyWaitsForLaggingControlPlanes(t *testing.T) {
 				!strings.Contains(st.Message, "control planes not at the cluster's v1.36.3: ") || !strings.Contains(st.Message, tc.want) {
 				t.Fatalf("status %+v, want %q", st, tc.want)
 			}
-			e.logHas(t, "msg="+EventControlPlaneHealth, "outcome=failed", "checks=cluster-endpoint-readyz,etcd-members,apiservers-at-cluster-version")
+			e.logHas(t, "msg="+EventControlPlaneHealth, "outcome=failed", "checks=cluster-endpoint-readyz,control-plane-nodes-ready,etcd-members,apiservers-at-cluster-version")
 		})
 	}
 }

@@ -2,16 +2,15 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
-	"github.com/kairos-io/provider-kubernetes/internal/etcdsnap"
-	"github.com/kairos-io/provider-kubernetes/internal/health"
 	"github.com/kairos-io/provider-kubernetes/internal/kube"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/wait"
 	"github.com/kairos-io/provider-kubernetes/pkg/plan"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
@@ -30,86 +29,78 @@ func (p *pass) budget(total time.Duration) wait.Budget {
 	return wait.Budget{Total: total, Interval: 2 * time.Second, PerAttempt: p.Budgets.APIRequest}
 }
 
-// controlPlaneGate is a follower's wait before kubeadm upgrade node: the
-// cluster endpoint answers /readyz (admin.conf points at it) and every etcd
-// member is healthy. It never looks at another node's scheduler or
-// controller-manager: a new scheduler cannot become Ready until every
+// controlPlaneGate is the wait before a control plane's kubeadm upgrade
+// (apply or node), in two halves: its turn (takeTurn: no other control
+// plane upgrading, budget.controlPlaneTurn), then, holding it, a healthy
+// cluster (budget.controlPlaneHealth): the cluster endpoint answers
+// /readyz (admin.conf points at it), every control-plane Node is Ready,
+// every etcd member is healthy. It never looks at another node's scheduler
+// or controller-manager: a new scheduler cannot become Ready until every
 // apiserver is new, so waiting on it would deadlock the rollout.
 //
-// Before an upgrade apply (apply set, the cluster at cluster, the target
-// pin) it also waits for every control plane's apiserver to serve the
+// Before an upgrade apply (apply set, the cluster at the observed
+// version, the target the pin) it also waits for every control plane's apiserver to serve the
 // cluster's version (or the target, on a node resuming its own apply) and
 // be Ready: an apply while one lags would leave it two minors behind.
-func (p *pass) controlPlaneGate(ctx context.Context, apply bool, cluster, pin version.Version) error {
+//
+// It returns the admin client it read the cluster with.
+func (p *pass) controlPlaneGate(ctx context.Context, obs Observation, pl plan.Plan, apply bool) (*kube.Client, error) {
+	cluster, pin := obs.Facts.Cluster, pl.Pin
+	admin, err := kube.Load(p.Root, p.Budgets.APIRequest, paths.AdminConf)
+	if err != nil {
+		p.Log.Error(EventControlPlaneTurn, "outcome", "failed", "error", runner.Sanitize(err.Error(), 600))
+		return nil, err
+	}
+	self, err := p.selfName(obs)
+	if err == nil {
+		err = p.takeTurn(ctx, admin, self)
+	}
+	if err != nil {
+		return nil, err
+	}
+	p.doc.Phase, p.doc.Message = status.PhaseUpgrading, pl.Message
+	p.writeStatus()
+
 	start := p.Clock.Now()
-	// Stacked etcd: every member is checked through kubeadm's
-	// healthcheck-client certificate. External etcd is the operator's; the
-	// apiserver's /readyz already includes its etcd check.
-	_, statErr := os.Lstat(p.Root.Path(paths.EtcdManifest))
-	stacked := statErr == nil
-	checks := "cluster-endpoint-readyz"
-	if stacked {
+	checks := "cluster-endpoint-readyz,control-plane-nodes-ready"
+	if Stacked(p.Root) {
 		checks += ",etcd-members"
 	}
 	if apply {
 		checks += ",apiservers-at-cluster-version"
 	}
-	admin, err := kube.Load(p.Root, p.Budgets.APIRequest, paths.AdminConf)
-	if err == nil {
-		err = wait.Poll(ctx, p.Clock, p.budget(p.Budgets.ControlPlaneHealth), "wait for a healthy control plane", func(ctx context.Context) (bool, error) {
-			if err := admin.Readyz(ctx); err != nil {
-				return false, fmt.Errorf("cluster endpoint: %w", err)
-			}
-			if stacked {
-				if err := p.etcdHealthy(ctx); err != nil {
-					return false, err
-				}
-			}
-			if apply {
-				servers, err := apiservers(ctx, admin)
-				if err != nil {
-					return false, err
-				}
-				missing, err := nameControlPlanes(ctx, admin, servers)
-				if err != nil {
-					return false, err
-				}
-				if lag := behind(servers, missing, cluster, pin); len(lag) > 0 {
-					return false, fmt.Errorf("control planes not at the cluster's %s: %s", cluster, strings.Join(lag, "; "))
-				}
-			}
-			return true, nil
-		})
-	}
+	b := wait.Budget{Total: p.Budgets.ControlPlaneHealth, Interval: 2 * time.Second, PerAttempt: 4 * p.Budgets.APIRequest}
+	err = wait.Poll(ctx, p.Clock, b, "wait for a healthy control plane", func(ctx context.Context) (bool, error) {
+		if _, why := plan.DecideHealth(ObserveHealth(ctx, p.Root, admin, p.etcdHealthy, apply, cluster, pin)); why != "" {
+			return false, errors.New(why)
+		}
+		return true, nil
+	})
 	attrs := []any{"outcome", "ok", "checks", checks, "duration", p.Clock.Now().Sub(start).String()}
 	if err != nil {
 		attrs[1] = "failed"
-		p.Log.Error(EventControlPlaneHealth, append(attrs, "error", err.Error())...)
-		return err
+		p.Log.Error(EventControlPlaneHealth, append(attrs, "error", runner.Sanitize(err.Error(), 600))...)
+		return nil, err
 	}
 	p.Log.Info(EventControlPlaneHealth, attrs...)
-	return nil
+	return admin, nil
+}
+
+// selfName is this node's Node name: its kubelet client certificate's,
+// else its hostname.
+func (p *pass) selfName(obs Observation) (string, error) {
+	cert := ""
+	if obs.Client != nil {
+		cert = obs.Client.NodeName
+	}
+	return p.obs.NodeName(cert)
 }
 
 func (p *pass) etcdHealthy(ctx context.Context) error {
 	if p.EtcdHealthy != nil {
 		return p.EtcdHealthy(ctx)
 	}
-	// Endpoint and TLS files come from this node's etcd manifest, as for the
-	// snapshot, not from guesses.
-	b, err := observe.ReadManifest(p.Root.Path(paths.EtcdManifest))
-	if err != nil {
-		return fmt.Errorf("etcd manifest: %w", err)
-	}
-	ep, err := etcdsnap.ParseManifest(b)
-	if err != nil {
-		return err
-	}
-	tlsCfg, err := health.EtcdTLS(p.Root.Path(ep.CA), p.Root.Path(ep.Cert), p.Root.Path(ep.Key))
-	if err != nil {
-		return err
-	}
-	return health.EtcdMembers(ctx, ep.URL, tlsCfg)
+	return EtcdHealthy(ctx, p.Root)
 }
 
 // verify waits, bounded, until this node runs the target: its control-plane

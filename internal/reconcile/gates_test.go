@@ -54,7 +54,7 @@ func TestFollowerGateWaitsForEtcdAndNeverForSchedulers(t *testing.T) {
 			t.Fatalf("a follower looked at %s before its upgrade", p)
 		}
 	}
-	e.logHas(t, "msg="+EventControlPlaneHealth, "outcome=ok", "checks=cluster-endpoint-readyz,etcd-members")
+	e.logHas(t, "msg="+EventControlPlaneHealth, "outcome=ok", "checks=cluster-endpoint-readyz,control-plane-nodes-ready,etcd-members")
 }
 
 func TestFollowerGateGivesUpWithinItsBudget(t *testing.T) {
@@ -189,7 +189,7 @@ func TestFollowerGateOnRealEtcd(t *testing.T) {
 	if res.ExitCode != ExitOK || !reflect.DeepEqual(e.lines(), nodeLines) {
 		t.Fatalf("exit %d %v lines %q\n%s", res.ExitCode, res.Err, e.lines(), e.logBuf.String())
 	}
-	e.logHas(t, "msg="+EventControlPlaneHealth, "outcome=ok", "checks=cluster-endpoint-readyz,etcd-members")
+	e.logHas(t, "msg="+EventControlPlaneHealth, "outcome=ok", "checks=cluster-endpoint-readyz,control-plane-nodes-ready,etcd-members")
 }
 
 // External etcd (no etcd manifest on the node): the gate checks the cluster
@@ -204,7 +204,7 @@ func TestFollowerGateWithExternalEtcd(t *testing.T) {
 	if res.ExitCode != ExitOK || !reflect.DeepEqual(e.lines(), nodeLines) {
 		t.Fatalf("exit %d %v lines %q\n%s", res.ExitCode, res.Err, e.lines(), e.logBuf.String())
 	}
-	e.logHas(t, "msg="+EventControlPlaneHealth, "outcome=ok", "checks=cluster-endpoint-readyz ")
+	e.logHas(t, "msg="+EventControlPlaneHealth, "outcome=ok", "checks=cluster-endpoint-readyz,control-plane-nodes-ready ")
 }
 
 // A stacked etcd whose manifest names TLS files that are not there: the

@@ -130,6 +130,12 @@ type pass struct {
 	// facts, nil when there is none to trust): what a failed read carries
 	// forward instead of "unknown" or "not a member".
 	last *status.Document
+	// raised: this control plane published Upgrading on its Node (its turn
+	// flag, see plan.DecideTurn); it stays up until the publish unit puts
+	// the pass's outcome there.
+	raised bool
+	// redecided: the pass decided again once after its cluster moved.
+	redecided bool
 }
 
 // event records one Event of this pass for the Node (published after it).
@@ -262,7 +268,11 @@ func (p *pass) run(ctx context.Context) Result {
 				fmt.Errorf("the cluster version is still unknown after the kubelet repair: %s", strings.Join(obs.Notes, "; ")))
 		}
 	}
+	return p.carryOut(ctx, obs, pl)
+}
 
+// carryOut reports a refusal or a converged node, or acts on the plan.
+func (p *pass) carryOut(ctx context.Context, obs Observation, pl plan.Plan) Result {
 	switch pl.Verdict {
 	case plan.VerdictRefuse:
 		ev := EventRefuseUpgrade
@@ -287,11 +297,29 @@ func (p *pass) run(ctx context.Context) Result {
 
 	p.setDoc(obs, pl, phaseOf(obs))
 	p.doc.Message = pl.Message
-	if upgrading(pl) {
+	if upgrading(pl) && !p.redecided {
 		p.event("Normal", status.EventUpgradeStarted, fmt.Sprintf("%s -> %s: %s (%s)", vs(obs.Facts.Node), pl.Pin, pl.Message, actionList(pl.Actions)))
 	}
 	p.writeStatus()
 	if err := p.act(ctx, obs, pl); err != nil {
+		if moved := (*clusterMoved)(nil); errors.As(err, &moved) && !p.redecided {
+			// Once: what the control plane waited for happened; what it
+			// does now is decided from what it observes now.
+			p.redecided = true
+			p.Log.Info(EventObserve, "note", moved.Error()+": deciding again")
+			obs = Gather(ctx, p.obs, Overrides{}, p.clusterBudget())
+			obs.Budgets = p.Budgets
+			if err := interrupted(ctx); err != nil {
+				return p.fail(ctx, obs, pl, "observe", ReasonInterrupted, err)
+			}
+			pl = plan.Decide(images.Window(), obs.Facts)
+			p.logPlan(obs, pl)
+			if pl.Redecide {
+				return p.fail(ctx, obs, pl, "observe", ReasonClusterVersionUnknown,
+					fmt.Errorf("%v, and it cannot be read now: %s", moved, strings.Join(obs.Notes, "; ")))
+			}
+			return p.carryOut(ctx, obs, pl)
+		}
 		var se *stepError
 		if errors.As(err, &se) {
 			return p.fail(ctx, obs, pl, string(se.action), se.reason, se.err)
@@ -319,6 +347,14 @@ func (p *pass) run(ctx context.Context) Result {
 	p.writeStatus()
 	p.Log.Info(EventDone, "outcome", "converged", "node", pl.Pin.String(), "actions", actionList(pl.Actions))
 	return Result{Plan: pl, Status: p.doc, ExitCode: ExitOK}
+}
+
+// clusterMoved: the cluster's version changed while this control plane
+// waited for its turn; the pass observes and decides again.
+type clusterMoved struct{ from, to version.Version }
+
+func (e *clusterMoved) Error() string {
+	return fmt.Sprintf("the cluster moved from %s to %s while this control plane waited for its turn", vs(e.from), vs(e.to))
 }
 
 type stepError struct {
@@ -391,11 +427,18 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 		if err := p.ensureKubelet(ctx, obs); err != nil {
 			return ReasonRepairFailed, err
 		}
-		// The same gate as a follower's (kubeadm's own preflight fails on a
-		// control plane that is still coming up after the boot), plus every
-		// apiserver at the cluster's version.
-		if err := p.controlPlaneGate(ctx, true, obs.Facts.Cluster, pl.Pin); err != nil {
+		// The same gate as a follower's (its turn; kubeadm's own preflight
+		// fails on a control plane that is still coming up after the
+		// boot), plus every apiserver at the cluster's version.
+		admin, err := p.controlPlaneGate(ctx, obs, pl, true)
+		if err != nil {
 			return ReasonHealthGateTimeout, err
+		}
+		// Control planes booted together all plan the apply; the one that
+		// waited for its turn finds the cluster moved: decide again (an
+		// upgrade node, once the cluster is at the pin).
+		if c, err := admin.ClusterVersion(ctx); err == nil && c != obs.Facts.Cluster {
+			return ReasonHealthGateTimeout, &clusterMoved{from: obs.Facts.Cluster, to: c}
 		}
 		return ReasonKubeadmFailed, p.kubeadmUpgrade(ctx, obs, []string{"upgrade", "apply", pl.Pin.String(), "--yes"})
 	case plan.ActionUpgradeNode:
@@ -403,7 +446,7 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 			return ReasonRepairFailed, err
 		}
 		if obs.ControlPlane {
-			if err := p.controlPlaneGate(ctx, false, obs.Facts.Cluster, pl.Pin); err != nil {
+			if _, err := p.controlPlaneGate(ctx, obs, pl, false); err != nil {
 				return ReasonHealthGateTimeout, err
 			}
 		}
@@ -552,22 +595,8 @@ func (p *pass) waitForCluster(ctx context.Context, obs Observation, target versi
 	b := wait.Budget{Total: p.Budgets.WaitForCluster, Interval: 2 * time.Second, PerAttempt: p.Budgets.APIRequest * 4}
 	start := p.Clock.Now()
 	err := wait.Poll(ctx, p.Clock, b, "wait for every control plane to reach "+target.String(), func(ctx context.Context) (bool, error) {
-		c, err := obs.Client.ClusterVersion(ctx)
-		if err != nil {
+		if err := ControlPlanesAt(ctx, obs.Client, target); err != nil {
 			return false, err
-		}
-		if c.Less(target) {
-			return false, fmt.Errorf("cluster at %s, waiting for %s", c, target)
-		}
-		if target.Less(c) {
-			return false, fmt.Errorf("cluster moved past the pin to %s", c)
-		}
-		servers, err := apiservers(ctx, obs.Client)
-		if err != nil {
-			return false, err
-		}
-		if lag := behind(servers, nil, target, target); len(lag) > 0 {
-			return false, fmt.Errorf("control planes still behind %s: %s", target, strings.Join(lag, "; "))
 		}
 		return true, nil
 	})

@@ -161,6 +161,24 @@ func (a *API) SetControlPlaneNode(name, ip string) {
 	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
 }
 
+// SetNodeAnnotations merges annotations into a Node's (as another node's
+// publish would), creating the Node when there is none.
+func (a *API) SetNodeAnnotations(name string, annotations map[string]string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n, ok := a.nodes[name]
+	if !ok {
+		n = &corev1.Node{TypeMeta: metav1.TypeMeta{Kind: "Node", APIVersion: "v1"}, ObjectMeta: metav1.ObjectMeta{Name: name, UID: NodeUID(name)}}
+		a.nodes[name] = n
+	}
+	if n.Annotations == nil {
+		n.Annotations = map[string]string{}
+	}
+	for k, v := range annotations {
+		n.Annotations[k] = v
+	}
+}
+
 // NewAPI starts the endpoint; it stops at the end of the test.
 func NewAPI(t testing.TB, clusterVersion string) *API {
 	a := &API{clusterVersion: clusterVersion, nodes: map[string]*corev1.Node{}, objects: map[string][]byte{}}

@@ -295,7 +295,7 @@ func nearMiss(k, known string) bool {
 
 // BudgetNames are the providerConfig budget.<name> names the provider
 // reads (internal/reconcile's Budgets; a test keeps the two equal).
-var BudgetNames = []string{"apiRequest", "clusterVersion", "controlPlaneHealth", "controlPlaneReady", "etcdSnapshot", "kubeadmBootstrap",
+var BudgetNames = []string{"apiRequest", "clusterVersion", "controlPlaneHealth", "controlPlaneReady", "controlPlaneTurn", "etcdSnapshot", "kubeadmBootstrap",
 	"kubeadmUpgrade", "kubeletHealthy", "kubeletRestart", "kubeletStart", "localAPI", "verify", "waitForCluster"}
 
 // providerConfigKeys are the providerConfig keys an error may name: the

@@ -451,7 +451,7 @@ func TestHAUpgrade(t *testing.T) {
 			afterKills(t, hn.n, "v1.37.2")
 		}
 		pass := lastPass(reconcileLog(t, hn.n))
-		for _, want := range []string{"msg=control-plane-health outcome=ok checks=cluster-endpoint-readyz,etcd-members", "msg=upgrade-node outcome=ok"} {
+		for _, want := range []string{"msg=control-plane-health outcome=ok checks=cluster-endpoint-readyz,control-plane-nodes-ready,etcd-members", "msg=upgrade-node outcome=ok"} {
 			if !strings.Contains(pass, want) {
 				t.Fatalf("%s pass lacks %q:\n%s", hn.name, want, pass)
 			}
