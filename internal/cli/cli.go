@@ -53,6 +53,14 @@ Usage:
       What the next boot would do, changing nothing. Facts given as flags
       replace what would be read from the node; with every fact given it
       reads nothing and works on any machine.
+  provider-kubernetes preflight [--host-root DIR] [--image-root DIR] [-o text|json]
+      From the image a node is about to be upgraded to, before the swap:
+      what the node's next boot would decide (this image's kubeadm, the
+      cluster: section in the node's cloud-config, its state and its
+      cluster's) and whether the cluster is ready for it now (a control
+      plane: no other one upgrading, every control-plane Node Ready, etcd
+      healthy; a worker: every apiserver at the pin). Exit 3 refused.
+      --host-root defaults to $HOST_DIR, else /host in a Pod, else /.
   provider-kubernetes status [--root DIR] [-o text|yaml|json]
       The last pass's status document.
   provider-kubernetes status --cluster [--kubeconfig FILE] [--context NAME] [-o text|json] [--root DIR]
@@ -195,6 +203,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdPlan(ctx, args[1:], stdout, stderr)
 	case "pin":
 		return cmdPin(args[1:], stdout, stderr)
+	case "preflight":
+		return cmdPreflight(ctx, args[1:], stdout, stderr)
 	case "status":
 		return cmdStatus(ctx, args[1:], stdout, stderr)
 	case "join-config":

@@ -79,15 +79,11 @@ func (o *Observer) Config() (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("cluster file %s: %w", p, err)
 	}
-	k, err := c.Kubeadm()
+	cfg, err := configOf(c)
 	if err != nil {
 		return Config{}, fmt.Errorf("cluster file %s: %w", p, err)
 	}
-	pin, err := k.Pin()
-	if err != nil {
-		return Config{}, fmt.Errorf("cluster file %s: %w", p, err)
-	}
-	return Config{Cluster: c, Kubeadm: k, Pin: pin, Role: plan.Role(c.Role)}, nil
+	return cfg, nil
 }
 
 // Bundled returns the version of the bundled kubeadm: from the bundle

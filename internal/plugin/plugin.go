@@ -163,28 +163,12 @@ func (o *Options) boot(e *pluggable.Event) pluggable.EventResponse {
 		}
 		return pluggable.EventResponse{}
 	}
-	if _, err := c.Validate(); err != nil {
-		return fail("agent.boot: cluster: %v", err)
-	}
-	// providerConfig is checked now too: a bad budget fails the boot step,
-	// it is not found later by the pass.
-	if _, err := reconcile.DefaultBudgets().WithOverrides(c.ProviderConfig); err != nil {
-		return fail("agent.boot: cluster: %v", err)
-	}
-	// What the bootstrap step will render must render: a role conflict or a
-	// bad secret fails the boot step now, not at the reconcile.
-	if c.Role == clusterconfig.RoleInit {
-		_, err = bootstrap.RenderInit(c)
-	} else {
-		_, err = bootstrap.RenderJoin(c)
-		if errors.Is(err, bootstrap.ErrNoCAPin) {
-			// A member needs no join material: warn, the join step refuses if it must join.
-			fmt.Println("provider-kubernetes: warning: no CA pin (joinConfiguration.discovery.bootstrapToken.caCertHashes or cluster.ca_certs): a node that is not yet a member will refuse to join")
-			err = nil
-		}
-	}
+	warnings, err := Check(c)
 	if err != nil {
 		return fail("agent.boot: cluster: %v", err)
+	}
+	for _, w := range warnings {
+		fmt.Println("provider-kubernetes: warning: " + w)
 	}
 	y, err := Render(section)
 	if err != nil {
@@ -200,6 +184,31 @@ func (o *Options) boot(e *pluggable.Event) pluggable.EventResponse {
 	fmt.Printf("provider-kubernetes: cluster section valid (role %s, control_plane_host %s); wrote %s: its boot stage writes %s and starts %s\n",
 		c.Role, c.ControlPlaneHost, paths.ClusterYipFile, paths.ClusterFile, paths.ReconcileUnit)
 	return pluggable.EventResponse{}
+}
+
+// Check is what agent.boot accepts of a cluster: section, and the
+// warnings it prints for one it accepts (`provider-kubernetes preflight`
+// asks it of the section the next boot will send): the section's keys and
+// values, providerConfig (a bad budget fails the boot step, it is not found
+// later by the pass), and what the bootstrap step will render must render
+// (a role conflict or a bad secret fails the boot step, not the reconcile).
+func Check(c *clusterconfig.Cluster) (warnings []string, err error) {
+	if _, err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if _, err := reconcile.DefaultBudgets().WithOverrides(c.ProviderConfig); err != nil {
+		return nil, err
+	}
+	if c.Role == clusterconfig.RoleInit {
+		_, err = bootstrap.RenderInit(c)
+	} else {
+		_, err = bootstrap.RenderJoin(c)
+		if errors.Is(err, bootstrap.ErrNoCAPin) {
+			// A member needs no join material: warn, the join step refuses if it must join.
+			return []string{"no CA pin (joinConfiguration.discovery.bootstrapToken.caCertHashes or cluster.ca_certs): a node that is not yet a member will refuse to join"}, nil
+		}
+	}
+	return nil, err
 }
 
 func (o *Options) onReset(ctx context.Context, _ *pluggable.Event) pluggable.EventResponse {

@@ -23,6 +23,16 @@ type Overrides struct {
 	// Verified is the last verified version (zero: no record). Not given
 	// with every other fact given, it is unknown rather than read.
 	Verified *version.Version
+	// Config is the cluster section as read elsewhere (preflight: the one
+	// the next boot will use), in place of the cluster file; its pin and
+	// role are facts as the cluster file's are.
+	Config *ConfigRead
+}
+
+// ConfigRead is a cluster section read, or why it could not be.
+type ConfigRead struct {
+	Config observe.Config
+	Err    error
 }
 
 // Complete reports whether every fact is given, so nothing is read from the node.
@@ -53,7 +63,13 @@ func Gather(ctx context.Context, o *observe.Observer, ov Overrides, clusterBudge
 	note := func(s string) { obs.Notes = append(obs.Notes, s) }
 
 	if ov.Pin == nil || ov.Role == nil {
-		cfg, err := o.Config()
+		var cfg observe.Config
+		var err error
+		if ov.Config != nil {
+			cfg, err = ov.Config.Config, ov.Config.Err
+		} else {
+			cfg, err = o.Config()
+		}
 		if err != nil {
 			if ov.Pin == nil {
 				f.ConfigError = err.Error()

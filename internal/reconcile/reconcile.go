@@ -595,10 +595,11 @@ func (p *pass) waitForCluster(ctx context.Context, obs Observation, target versi
 	b := wait.Budget{Total: p.Budgets.WaitForCluster, Interval: 2 * time.Second, PerAttempt: p.Budgets.APIRequest * 4}
 	start := p.Clock.Now()
 	err := wait.Poll(ctx, p.Clock, b, "wait for every control plane to reach "+target.String(), func(ctx context.Context) (bool, error) {
-		if err := ControlPlanesAt(ctx, obs.Client, target); err != nil {
-			return false, err
+		lag, err := ControlPlanesAt(ctx, obs.Client, target)
+		if err == nil && lag != "" {
+			err = errors.New(lag)
 		}
-		return true, nil
+		return err == nil, err
 	})
 	attrs := []any{"outcome", "ok", "target", target.String(), "duration", p.Clock.Now().Sub(start).String()}
 	if err != nil {

@@ -126,26 +126,26 @@ func EtcdHealthy(ctx context.Context, root paths.Root) error {
 // ControlPlanesAt is one look at a worker's precondition: the cluster
 // version (kubeadm-config) at target and every apiserver of the kubernetes
 // endpoints serving target and Ready, read with the node's own credentials.
-// nil when they are; else what is behind.
-func ControlPlanesAt(ctx context.Context, client *kube.Client, target version.Version) error {
+// lag says what is behind ("" when nothing is); err that it could not be read.
+func ControlPlanesAt(ctx context.Context, client *kube.Client, target version.Version) (lag string, err error) {
 	c, err := client.ClusterVersion(ctx)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if c.Less(target) {
-		return fmt.Errorf("cluster at %s, waiting for %s", c, target)
+		return fmt.Sprintf("cluster at %s, waiting for %s", c, target), nil
 	}
 	if target.Less(c) {
-		return fmt.Errorf("cluster moved past the pin to %s", c)
+		return fmt.Sprintf("cluster moved past the pin to %s", c), nil
 	}
 	servers, err := apiservers(ctx, client)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if lag := behind(servers, nil, target, target); len(lag) > 0 {
-		return fmt.Errorf("control planes still behind %s: %s", target, strings.Join(lag, "; "))
+	if behind := behind(servers, nil, target, target); len(behind) > 0 {
+		return fmt.Sprintf("control planes still behind %s: %s", target, strings.Join(behind, "; ")), nil
 	}
-	return nil
+	return "", nil
 }
 
 // takeTurn is the first half of the control-plane gate: this control

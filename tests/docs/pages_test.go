@@ -15,6 +15,7 @@ var pageTests = map[string]string{
 	"troubleshooting.md": "TestTroubleshootingPage",
 	"reference.md":       "TestReferencePage",
 	"drain.md":           "TestDrainPage",
+	"fleet-upgrade.md":   "TestFleetUpgradePage",
 	// Elsewhere: the real kairos-agent in a chroot runs its commands.
 	"cloud-config.md": "tests/kairos TestRealKairosAgentChain",
 	// The lead's, with the end-to-end restore and rejoin scenarios.

@@ -1,0 +1,90 @@
+package observe
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
+)
+
+func accept(*clusterconfig.Cluster) ([]string, error) { return nil, nil }
+
+func cloudConfig(pin string) string {
+	return "#cloud-config\ncluster:\n  cluster_token: " + testutil.Token + "\n  control_plane_host: 10.0.0.11\n  role: worker\n  config: |\n    clusterConfiguration:\n      kubernetesVersion: " + pin + "\n"
+}
+
+// The files kairos-agent's collector reads, walked as it walks them: both
+// directories, subdirectories included, in name order; only .yaml and
+// .yml, only under 2 MiB, only with a cloud-config header.
+func TestNextBootConfigReadsWhatKairosReads(t *testing.T) {
+	n := testutil.NewNode(t, "w1")
+	o := &Observer{Root: n.R()}
+	n.Write("/oem/sub/10_pin.yaml", cloudConfig("v1.37.2"), 0o600)
+	n.Write("/oem/20_other.yml", "#cloud-config\nhostname: w1\nconfig_url: https://example.invalid/c.yaml\n", 0o600)
+	n.Write("/oem/30_notes.txt", cloudConfig("v1.36.3"), 0o600)
+	n.Write("/oem/40_noheader.yaml", strings.TrimPrefix(cloudConfig("v1.36.3"), "#cloud-config\n"), 0o600)
+	n.Write("/usr/local/cloud-config/cluster.kairos.yaml", "#cloud-config\nname: provider-kubernetes\nstages: {}\n", 0o600)
+	n.Write("/oem/50_big.yaml", "#cloud-config\n"+strings.Repeat("# padding\n", 2<<20/10)+cloudConfig("v1.36.3")[len("#cloud-config\n"):], 0o600)
+	cfg, notes, err := o.NextBootConfig(accept)
+	if err != nil || cfg.Pin != "v1.37.2" || cfg.Role != "worker" {
+		t.Fatalf("%+v %v %q", cfg, err, notes)
+	}
+	for _, want := range []string{"the next boot's cluster: section from /oem/sub/10_pin.yaml", "cloud-config /oem/20_other.yml has a config_url",
+		"cloud-config /oem/50_big.yaml is 2 MiB or more: skipped"} {
+		if !strings.Contains(strings.Join(notes, "\n"), want) {
+			t.Fatalf("no note %q in %q", want, notes)
+		}
+	}
+	// Just under 2 MiB it is read, as kairos-agent reads it: two sections.
+	if err := os.Truncate(n.Path("/oem/50_big.yaml"), 0); err != nil {
+		t.Fatal(err)
+	}
+	n.Write("/oem/50_big.yaml", cloudConfig("v1.36.3")+strings.Repeat("#\n", (maxCloudConfigFile-len(cloudConfig("v1.36.3")))/2), 0o600)
+	if _, _, err := o.NextBootConfig(accept); err == nil || !strings.Contains(err.Error(), "in 2 cloud-config files (/oem/50_big.yaml, /oem/sub/10_pin.yaml)") {
+		t.Fatalf("%v", err)
+	}
+}
+
+// Nothing it cannot read as the boot would is decided on: a special file
+// is refused without blocking, a file another user could have written is
+// not trusted, a section the plugin refuses is refused, no section is
+// ErrNoSection.
+func TestNextBootConfigRefusesOnDoubt(t *testing.T) {
+	n := testutil.NewNode(t, "w1")
+	o := &Observer{Root: n.R()}
+	if _, _, err := o.NextBootConfig(accept); !errors.Is(err, ErrNoSection) {
+		t.Fatalf("no cloud-config at all: %v", err)
+	}
+	n.Write("/oem/90_custom.yaml", cloudConfig("v1.37.2"), 0o600)
+	testutil.Plant(t, n.Path("/oem/91_fifo.yaml"), testutil.FIFO)
+	testutil.Within(t, 5*time.Second, "a FIFO in /oem", func() {
+		if _, _, err := o.NextBootConfig(accept); err == nil || !strings.Contains(err.Error(), "cloud-config /oem/91_fifo.yaml is a FIFO, not a regular file") {
+			t.Errorf("%v", err)
+		}
+	}, func() { testutil.Unblock(n.Path("/oem/91_fifo.yaml")) })
+	os.Remove(n.Path("/oem/91_fifo.yaml"))
+	if err := os.Chmod(n.Path("/oem/90_custom.yaml"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := o.NextBootConfig(accept); !errors.Is(err, fsutil.ErrUntrusted) {
+		t.Fatalf("a world-writable cloud-config: %v", err)
+	}
+	if err := os.Chmod(n.Path("/oem/90_custom.yaml"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	refuse := func(*clusterconfig.Cluster) ([]string, error) {
+		return nil, errors.New("role (a value of 6 characters, not shown) is not init, controlplane or worker")
+	}
+	if _, _, err := o.NextBootConfig(refuse); err == nil || err.Error() != "the cloud-config's cluster: section in /oem/90_custom.yaml would be refused at boot (agent.boot: cluster: role (a value of 6 characters, not shown) is not init, controlplane or worker)" {
+		t.Fatalf("%v", err)
+	}
+	n.Write("/oem/90_custom.yaml", "#cloud-config\ncluster: [not, a, map\n", 0o600)
+	if _, _, err := o.NextBootConfig(accept); err == nil || !strings.Contains(err.Error(), "cloud-config /oem/90_custom.yaml: not a YAML map of keys") {
+		t.Fatalf("%v", err)
+	}
+}
