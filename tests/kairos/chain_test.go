@@ -412,6 +412,31 @@ func chainChild(t *testing.T, dir string) {
 			t.Fatalf("without a cluster: section, %s exists: %v", p, err)
 		}
 	}
+
+	beforeUpgradeIsNotAGate(t, c)
+}
+
+// docs/fleet-upgrade.md, "Why not a before-upgrade stage": kairos-agent
+// runs a failing stage and goes on. `kairos-agent upgrade` runs its
+// before-upgrade hook through the same run of the stage (pkg/utils
+// RunStage, whose errors it drops unless strict, as the hook itself does:
+// pkg/action/common.go Hook); the upgrade needs the real partitions and
+// cannot run here, so the stage is run as `run-stage` runs it: the stage's
+// command ran and failed, the agent exits 0; only --strict makes it fail.
+func beforeUpgradeIsNotAGate(t *testing.T, c *chroot) {
+	c.write(kairos.OEMCloudConfig, cloudConfig("stages:\n  before-upgrade:\n  - name: a refusing check\n    commands:\n    - echo ran > /run/before-upgrade-ran\n    - exit 3\n"), 0o600)
+	out, code := c.run("kairos-agent", "run-stage", "before-upgrade")
+	if code != 0 || !strings.Contains(out, "Some errors found but were ignored") {
+		t.Fatalf("a failing before-upgrade stage: exit %d\n%s", code, out)
+	}
+	if got := string(c.read("/run/before-upgrade-ran")); got != "ran\n" {
+		t.Fatalf("the stage's command did not run: %q", got)
+	}
+	out, code = c.run("kairos-agent", "run-stage", "--strict", "before-upgrade")
+	if code == 0 {
+		t.Fatalf("with --strict the failing stage: exit 0\n%s", out)
+	}
+	t.Logf("a failing before-upgrade stage: exit 0 (errors ignored); with --strict: exit %d", code)
 }
 
 func lastLine(s, containing string) string {
