@@ -2,11 +2,7 @@ package cli
 
 import (
 	"encoding/json"
-	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -19,21 +15,6 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/testutil/etcdtest"
 	"github.com/kairos-io/provider-kubernetes/pkg/plan"
 )
-
-// section is a node's cloud-config with a cluster: section at pin, as the
-// operator writes it under /oem.
-func section(role, pin string) string {
-	return fmt.Sprintf(`#cloud-config
-hostname: ignored
-cluster:
-  cluster_token: %s
-  control_plane_host: 10.0.0.11
-  role: %s
-  config: |
-    clusterConfiguration:
-      kubernetesVersion: %s
-`, testutil.Token, role, pin)
-}
 
 // fleet is the Kairos operator's preflight Pod in a sandbox: the image
 // being upgraded to (its root, this binary's) and the node mounted at
@@ -54,7 +35,7 @@ func newFleet(t *testing.T, role, nodeV, pin, cluster string) *fleet {
 	// The node runs the previous image: its own bundle, its cluster file.
 	f.host.Bundle(nodeV)
 	f.host.ClusterFile(role, nodeV, "")
-	f.host.Write("/oem/90_custom.yaml", section(role, pin), 0o600)
+	f.host.Write("/oem/90_custom.yaml", testutil.CloudConfig(role, pin), 0o600)
 	f.host.Member(f.api)
 	f.host.Write(paths.VerifiedRecord, nodeV+"\n", 0o644)
 	if role == "worker" {
@@ -76,37 +57,12 @@ func newFleet(t *testing.T, role, nodeV, pin, cluster string) *fleet {
 // nothing anywhere.
 func (f *fleet) run(args ...string) (int, string, string) {
 	f.t.Helper()
-	before := tree(f.t, f.host.Root) + tree(f.t, f.image.Root)
+	before := testutil.Digest(f.t, f.host.Root, "/var/lib/etcd") + testutil.Digest(f.t, f.image.Root)
 	code, out, errOut := run(append([]string{"preflight", "--host-root", f.host.Root, "--image-root", f.image.Root}, args...)...)
-	if after := tree(f.t, f.host.Root) + tree(f.t, f.image.Root); after != before {
+	if after := testutil.Digest(f.t, f.host.Root, "/var/lib/etcd") + testutil.Digest(f.t, f.image.Root); after != before {
 		f.t.Fatalf("preflight changed the node or the image:\nbefore %s\nafter  %s", before, after)
 	}
 	return code, out, errOut
-}
-
-// tree lists every path under root with its size and mode.
-func tree(t *testing.T, root string) string {
-	t.Helper()
-	var out []string
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if strings.Contains(p, "/var/lib/etcd/") {
-			return nil // the running etcd's own writes
-		}
-		st, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		out = append(out, fmt.Sprintf("%s %v %d", strings.TrimPrefix(p, root), st.Mode(), st.Size()))
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(out)
-	return strings.Join(out, ";")
 }
 
 func (f *fleet) publishes(name, phase string, ago time.Duration) {
@@ -277,14 +233,14 @@ func TestPreflightOnAWorker(t *testing.T) {
 // cluster section has nothing for the provider to check.
 func TestPreflightOnTheNodesCloudConfig(t *testing.T) {
 	f := newFleet(t, "worker", "v1.37.2", "v1.37.2", "v1.37.2")
-	f.host.Write("/oem/91_pin.yaml", section("worker", "v1.37.2"), 0o600)
+	f.host.Write("/oem/91_pin.yaml", testutil.CloudConfig("worker", "v1.37.2"), 0o600)
 	code, out, errOut := f.run()
 	if code != reconcile.ExitRefused || !strings.Contains(errOut, "code=InvalidPin") ||
 		!strings.Contains(out, "the cluster: section is in 2 cloud-config files (/oem/90_custom.yaml, /oem/91_pin.yaml)") {
 		t.Fatalf("two sections: exit %d\n%s\n%s", code, out, errOut)
 	}
 	// Without the header kairos-agent reads no file: one section again.
-	f.host.Write("/oem/91_pin.yaml", strings.TrimPrefix(section("worker", "v1.37.2"), "#cloud-config\n"), 0o600)
+	f.host.Write("/oem/91_pin.yaml", strings.TrimPrefix(testutil.CloudConfig("worker", "v1.37.2"), "#cloud-config\n"), 0o600)
 	if code, out, errOut := f.run(); code != reconcile.ExitOK || !strings.Contains(out, "Verdict:  nothing to do\n") {
 		t.Fatalf("a file without the header: exit %d\n%s\n%s", code, out, errOut)
 	}
@@ -296,7 +252,7 @@ func TestPreflightOnTheNodesCloudConfig(t *testing.T) {
 	}
 	os.Remove(f.host.Path("/oem/92_link.yaml"))
 	// A section the plugin refuses at boot is refused now, with its reason.
-	f.host.Write("/oem/90_custom.yaml", strings.Replace(section("worker", "v1.37.2"), "role: worker", "role: master", 1), 0o600)
+	f.host.Write("/oem/90_custom.yaml", strings.Replace(testutil.CloudConfig("worker", "v1.37.2"), "role: worker", "role: master", 1), 0o600)
 	if code, out, errOut := f.run(); code != reconcile.ExitRefused || !strings.Contains(out, "would be refused at boot (agent.boot: cluster: ") ||
 		strings.Contains(out+errOut, testutil.Token) {
 		t.Fatalf("a refused section: exit %d\n%s\n%s", code, out, errOut)

@@ -14,22 +14,18 @@ import (
 
 func accept(*clusterconfig.Cluster) ([]string, error) { return nil, nil }
 
-func cloudConfig(pin string) string {
-	return "#cloud-config\ncluster:\n  cluster_token: " + testutil.Token + "\n  control_plane_host: 10.0.0.11\n  role: worker\n  config: |\n    clusterConfiguration:\n      kubernetesVersion: " + pin + "\n"
-}
-
 // The files kairos-agent's collector reads, walked as it walks them: both
 // directories, subdirectories included, in name order; only .yaml and
 // .yml, only under 2 MiB, only with a cloud-config header.
 func TestNextBootConfigReadsWhatKairosReads(t *testing.T) {
 	n := testutil.NewNode(t, "w1")
 	o := &Observer{Root: n.R()}
-	n.Write("/oem/sub/10_pin.yaml", cloudConfig("v1.37.2"), 0o600)
+	n.Write("/oem/sub/10_pin.yaml", testutil.CloudConfig("worker", "v1.37.2"), 0o600)
 	n.Write("/oem/20_other.yml", "#cloud-config\nhostname: w1\nconfig_url: https://example.invalid/c.yaml\n", 0o600)
-	n.Write("/oem/30_notes.txt", cloudConfig("v1.36.3"), 0o600)
-	n.Write("/oem/40_noheader.yaml", strings.TrimPrefix(cloudConfig("v1.36.3"), "#cloud-config\n"), 0o600)
+	n.Write("/oem/30_notes.txt", testutil.CloudConfig("worker", "v1.36.3"), 0o600)
+	n.Write("/oem/40_noheader.yaml", strings.TrimPrefix(testutil.CloudConfig("worker", "v1.36.3"), "#cloud-config\n"), 0o600)
 	n.Write("/usr/local/cloud-config/cluster.kairos.yaml", "#cloud-config\nname: provider-kubernetes\nstages: {}\n", 0o600)
-	n.Write("/oem/50_big.yaml", "#cloud-config\n"+strings.Repeat("# padding\n", 2<<20/10)+cloudConfig("v1.36.3")[len("#cloud-config\n"):], 0o600)
+	n.Write("/oem/50_big.yaml", "#cloud-config\n"+strings.Repeat("# padding\n", 2<<20/10)+testutil.CloudConfig("worker", "v1.36.3")[len("#cloud-config\n"):], 0o600)
 	cfg, notes, err := o.NextBootConfig(accept)
 	if err != nil || cfg.Pin != "v1.37.2" || cfg.Role != "worker" {
 		t.Fatalf("%+v %v %q", cfg, err, notes)
@@ -44,7 +40,7 @@ func TestNextBootConfigReadsWhatKairosReads(t *testing.T) {
 	if err := os.Truncate(n.Path("/oem/50_big.yaml"), 0); err != nil {
 		t.Fatal(err)
 	}
-	n.Write("/oem/50_big.yaml", cloudConfig("v1.36.3")+strings.Repeat("#\n", (maxCloudConfigFile-len(cloudConfig("v1.36.3")))/2), 0o600)
+	n.Write("/oem/50_big.yaml", testutil.CloudConfig("worker", "v1.36.3")+strings.Repeat("#\n", (maxCloudConfigFile-len(testutil.CloudConfig("worker", "v1.36.3")))/2), 0o600)
 	if _, _, err := o.NextBootConfig(accept); err == nil || !strings.Contains(err.Error(), "in 2 cloud-config files (/oem/50_big.yaml, /oem/sub/10_pin.yaml)") {
 		t.Fatalf("%v", err)
 	}
@@ -60,7 +56,7 @@ func TestNextBootConfigRefusesOnDoubt(t *testing.T) {
 	if _, _, err := o.NextBootConfig(accept); !errors.Is(err, ErrNoSection) {
 		t.Fatalf("no cloud-config at all: %v", err)
 	}
-	n.Write("/oem/90_custom.yaml", cloudConfig("v1.37.2"), 0o600)
+	n.Write("/oem/90_custom.yaml", testutil.CloudConfig("worker", "v1.37.2"), 0o600)
 	testutil.Plant(t, n.Path("/oem/91_fifo.yaml"), testutil.FIFO)
 	testutil.Within(t, 5*time.Second, "a FIFO in /oem", func() {
 		if _, _, err := o.NextBootConfig(accept); err == nil || !strings.Contains(err.Error(), "cloud-config /oem/91_fifo.yaml is a FIFO, not a regular file") {

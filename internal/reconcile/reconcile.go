@@ -256,19 +256,32 @@ func (p *pass) run(ctx context.Context) Result {
 		if err := p.act(ctx, obs, pl); err != nil {
 			return p.fail(ctx, obs, pl, string(plan.ActionRepairKubelet), ReasonRepairFailed, err)
 		}
-		obs = Gather(ctx, p.obs, Overrides{}, p.clusterBudget())
-		obs.Budgets = p.Budgets
-		if err := interrupted(ctx); err != nil {
-			return p.fail(ctx, obs, pl, "observe", ReasonInterrupted, err)
-		}
-		pl = plan.Decide(images.Window(), obs.Facts)
-		p.logPlan(obs, pl)
-		if pl.Redecide {
-			return p.fail(ctx, obs, pl, string(plan.ActionRepairKubelet), ReasonClusterVersionUnknown,
-				fmt.Errorf("the cluster version is still unknown after the kubelet repair: %s", strings.Join(obs.Notes, "; ")))
+		var ended *Result
+		if obs, pl, ended = p.decideAgain(ctx, pl, string(plan.ActionRepairKubelet), "the cluster version is still unknown after the kubelet repair"); ended != nil {
+			return *ended
 		}
 	}
 	return p.carryOut(ctx, obs, pl)
+}
+
+// decideAgain observes and decides again, after the kubelet repair or
+// after the cluster moved while this control plane waited for its turn.
+// ended is the pass's end when it cannot go on: interrupted, or the
+// cluster's version still unknown (why, reported against action).
+func (p *pass) decideAgain(ctx context.Context, pl plan.Plan, action, why string) (Observation, plan.Plan, *Result) {
+	obs := Gather(ctx, p.obs, Overrides{}, p.clusterBudget())
+	obs.Budgets = p.Budgets
+	if err := interrupted(ctx); err != nil {
+		r := p.fail(ctx, obs, pl, "observe", ReasonInterrupted, err)
+		return obs, pl, &r
+	}
+	pl = plan.Decide(images.Window(), obs.Facts)
+	p.logPlan(obs, pl)
+	if pl.Redecide {
+		r := p.fail(ctx, obs, pl, action, ReasonClusterVersionUnknown, fmt.Errorf("%s: %s", why, strings.Join(obs.Notes, "; ")))
+		return obs, pl, &r
+	}
+	return obs, pl, nil
 }
 
 // carryOut reports a refusal or a converged node, or acts on the plan.
@@ -307,16 +320,9 @@ func (p *pass) carryOut(ctx context.Context, obs Observation, pl plan.Plan) Resu
 			// does now is decided from what it observes now.
 			p.redecided = true
 			p.Log.Info(EventObserve, "note", moved.Error()+": deciding again")
-			obs = Gather(ctx, p.obs, Overrides{}, p.clusterBudget())
-			obs.Budgets = p.Budgets
-			if err := interrupted(ctx); err != nil {
-				return p.fail(ctx, obs, pl, "observe", ReasonInterrupted, err)
-			}
-			pl = plan.Decide(images.Window(), obs.Facts)
-			p.logPlan(obs, pl)
-			if pl.Redecide {
-				return p.fail(ctx, obs, pl, "observe", ReasonClusterVersionUnknown,
-					fmt.Errorf("%v, and it cannot be read now: %s", moved, strings.Join(obs.Notes, "; ")))
+			obs, pl, ended := p.decideAgain(ctx, pl, "observe", moved.Error()+", and it cannot be read now")
+			if ended != nil {
+				return *ended
 			}
 			return p.carryOut(ctx, obs, pl)
 		}

@@ -149,11 +149,7 @@ func (a *API) SetAPIServers(addrs ...string) {
 func (a *API) SetControlPlaneNode(name, ip string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	n, ok := a.nodes[name]
-	if !ok {
-		n = &corev1.Node{TypeMeta: metav1.TypeMeta{Kind: "Node", APIVersion: "v1"}, ObjectMeta: metav1.ObjectMeta{Name: name, UID: NodeUID(name)}}
-		a.nodes[name] = n
-	}
+	n := a.node(name)
 	if n.Labels == nil {
 		n.Labels = map[string]string{}
 	}
@@ -166,17 +162,23 @@ func (a *API) SetControlPlaneNode(name, ip string) {
 func (a *API) SetNodeAnnotations(name string, annotations map[string]string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	n, ok := a.nodes[name]
-	if !ok {
-		n = &corev1.Node{TypeMeta: metav1.TypeMeta{Kind: "Node", APIVersion: "v1"}, ObjectMeta: metav1.ObjectMeta{Name: name, UID: NodeUID(name)}}
-		a.nodes[name] = n
-	}
+	n := a.node(name)
 	if n.Annotations == nil {
 		n.Annotations = map[string]string{}
 	}
 	for k, v := range annotations {
 		n.Annotations[k] = v
 	}
+}
+
+// node is the Node of that name, made when there is none (a.mu held).
+func (a *API) node(name string) *corev1.Node {
+	n, ok := a.nodes[name]
+	if !ok {
+		n = &corev1.Node{TypeMeta: metav1.TypeMeta{Kind: "Node", APIVersion: "v1"}, ObjectMeta: metav1.ObjectMeta{Name: name, UID: NodeUID(name)}}
+		a.nodes[name] = n
+	}
+	return n
 }
 
 // NewAPI starts the endpoint; it stops at the end of the test.

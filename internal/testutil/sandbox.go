@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
@@ -66,14 +67,27 @@ const Token = "k8s-token-0123456789abcdefXYZ"
 // ClusterFile writes the cluster file with role and pin; extra is appended
 // to the kubeadm config string (indented by the caller's two spaces).
 func (n *Node) ClusterFile(role, pin, extraConfig string) {
-	n.Write(paths.ClusterFile, fmt.Sprintf(`cluster_token: %s
+	n.Write(paths.ClusterFile, ClusterSection(role, pin, extraConfig), 0o600)
+}
+
+// ClusterSection is the cluster section of the sandbox: what the boot
+// stage writes to the cluster file from the cloud-config's cluster: key.
+func ClusterSection(role, pin, extraConfig string) string {
+	return fmt.Sprintf(`cluster_token: %s
 control_plane_host: 10.0.0.11
 role: %s
 config: |
   clusterConfiguration:
     kubernetesVersion: %s
     controlPlaneEndpoint: 10.0.0.11:6443
-%s`, Token, role, pin, extraConfig), 0o600)
+%s`, Token, role, pin, extraConfig)
+}
+
+// CloudConfig is a node's cloud-config, as under /oem, whose cluster:
+// section is ClusterSection's.
+func CloudConfig(role, pin string) string {
+	lines := strings.Split(strings.TrimSuffix(ClusterSection(role, pin, ""), "\n"), "\n")
+	return "#cloud-config\ncluster:\n  " + strings.Join(lines, "\n  ") + "\n"
 }
 
 // Bundle writes the image's bundle manifest.

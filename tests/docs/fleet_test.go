@@ -1,10 +1,7 @@
 package docs_test
 
 import (
-	"fmt"
 	"os"
-	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -35,8 +32,7 @@ func TestFleetUpgradePage(t *testing.T) {
 		host.clusterFile("controlplane", "v1.36.3", "")
 		host.image("v1.36.3")
 		host.controlPlane(api, "v1.36.3")
-		host.Write("/oem/90_custom.yaml", "#cloud-config\ncluster:\n  cluster_token: "+testutil.Token+
-			"\n  control_plane_host: 10.0.0.11\n  role: controlplane\n  config: |\n    clusterConfiguration:\n      kubernetesVersion: v1.37.2\n", 0o600)
+		host.Write("/oem/90_custom.yaml", testutil.CloudConfig("controlplane", "v1.37.2"), 0o600)
 		etcdtest.Start(t, host.Node, etcdtest.Config{})
 		for _, n := range []string{"cp1", "cp2", "cp3"} {
 			api.SetNode(n, "v1.37.2", true)
@@ -58,7 +54,7 @@ func TestFleetUpgradePage(t *testing.T) {
 		if err := unix.Mount("", pod.Path("/host"), "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 			t.Fatal(err)
 		}
-		before := files(t, host.Root)
+		before := testutil.Digest(t, host.Root, "/proc", "/sys", "/dev", "/usr", "/var/lib/etcd")
 
 		// The NodeOp's preflight command, as the page writes it.
 		var nodeOp struct {
@@ -95,34 +91,11 @@ func TestFleetUpgradePage(t *testing.T) {
 		if code != 0 || !strings.Contains(out, "level=INFO msg=preflight outcome=proceed ") || !strings.Contains(out, "Preflight: proceed") {
 			t.Fatalf("after cp1: exit %d\n%s", code, out)
 		}
-		if after := files(t, host.Root); after != before {
+		if after := testutil.Digest(t, host.Root, "/proc", "/sys", "/dev", "/usr", "/var/lib/etcd"); after != before {
 			t.Fatalf("the preflight changed the node:\n%s\n%s", before, after)
 		}
 		if strings.Contains(out, testutil.Token) {
 			t.Fatal("the preflight printed the cluster token")
 		}
 	})
-}
-
-// files lists every file under root (the etcd data dir and /proc, /sys
-// left out: the running etcd's and the kernel's), with its size and mode.
-func files(t *testing.T, root string) string {
-	t.Helper()
-	var out []string
-	err := filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
-		rel := strings.TrimPrefix(p, root)
-		if err != nil || rel == "/proc" || rel == "/sys" || rel == "/dev" || rel == "/usr" || strings.HasPrefix(rel, "/var/lib/etcd") {
-			if fi != nil && fi.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		out = append(out, fmt.Sprintf("%s %v %d", rel, fi.Mode(), fi.Size()))
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(out)
-	return strings.Join(out, "\n")
 }
