@@ -62,6 +62,10 @@ const (
 	ReasonBootstrapUnavailable    = "BootstrapUnavailable"
 	ReasonBootstrapFailed         = "BootstrapFailed"
 	ReasonConfigFailed            = "ConfigInvalid"
+	// ReasonNoTimeLeft: the waits before a kubeadm upgrade (repair, turn,
+	// health) left less of the pass than kubeadm and the kubelet restart
+	// need, so kubeadm was not started rather than cut by the pass's end.
+	ReasonNoTimeLeft = "NoTimeLeftForUpgrade"
 	// ReasonInterrupted: SIGTERM or SIGINT ended the pass (its context was
 	// cancelled, the running command killed with its process group).
 	ReasonInterrupted = "Interrupted"
@@ -446,6 +450,9 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 		if c, err := admin.ClusterVersion(ctx); err == nil && c != obs.Facts.Cluster {
 			return ReasonHealthGateTimeout, &clusterMoved{from: obs.Facts.Cluster, to: c}
 		}
+		if err := p.timeForUpgrade(ctx); err != nil {
+			return ReasonNoTimeLeft, err
+		}
 		return ReasonKubeadmFailed, p.kubeadmUpgrade(ctx, obs, []string{"upgrade", "apply", pl.Pin.String(), "--yes"})
 	case plan.ActionUpgradeNode:
 		if err := p.ensureKubelet(ctx, obs); err != nil {
@@ -455,6 +462,9 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 			if _, err := p.controlPlaneGate(ctx, obs, pl, false); err != nil {
 				return ReasonHealthGateTimeout, err
 			}
+		}
+		if err := p.timeForUpgrade(ctx); err != nil {
+			return ReasonNoTimeLeft, err
 		}
 		return ReasonKubeadmFailed, p.kubeadmUpgrade(ctx, obs, []string{"upgrade", "node"})
 	case plan.ActionRestartKubelet:
@@ -483,6 +493,24 @@ func (p *pass) ensureKubelet(ctx context.Context, obs Observation) error {
 		return nil
 	}
 	return p.repairKubelet(ctx, obs)
+}
+
+// timeForUpgrade refuses to start a kubeadm upgrade the pass's own
+// deadline would cut: the waits before it (a repair, the control-plane
+// turn, the health gate) can add up past what the pass bound leaves, and a
+// kubeadm killed half-way leaves manifests of two versions. What must fit
+// is kubeadm's budget and the kubelet restart after it; a verification cut
+// short is finished by the next boot.
+func (p *pass) timeForUpgrade(ctx context.Context) error {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return nil
+	}
+	need := sumDurations(p.Budgets.KubeadmUpgrade, p.Budgets.KubeletRestart)
+	if left := time.Until(dl); left < need {
+		return fmt.Errorf("%s of the pass was left and kubeadm's upgrade with the kubelet restart may take %s (budget.kubeadmUpgrade + budget.kubeletRestart): kubeadm was not started, the next boot runs it", left.Round(time.Second), need)
+	}
+	return nil
 }
 
 // UpgradeConfigPath is where the operator's UpgradeConfiguration is handed to

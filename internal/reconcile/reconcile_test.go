@@ -643,3 +643,41 @@ func TestKubeadmPreflightFailureIsRetried(t *testing.T) {
 		t.Fatalf("exit %d ran %q", res.ExitCode, e2.lines())
 	}
 }
+
+// A kubeadm upgrade is not started when the pass's deadline would cut it:
+// the waits before it (repair, turn, health) may have spent the pass. With
+// less left than budget.kubeadmUpgrade + budget.kubeletRestart (20m + 2m by
+// default) nothing runs and the pass fails naming the reason; with enough
+// left the same node upgrades.
+func TestNoKubeadmUpgradeThePassCannotFinish(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		left time.Duration
+		want []string
+	}{
+		{"21m left", 21 * time.Minute, nil},
+		{"23m left", 23 * time.Minute, nodeLines},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, "worker", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+			ctx, cancel := context.WithTimeout(context.Background(), tc.left)
+			defer cancel()
+			res := Run(ctx, Options{Root: e.node.R(), Runner: e.rec, Clock: e.clock, Log: e.logger(), Steps: Steps{},
+				EtcdHealthy: func(context.Context) error { return nil }})
+			if got := e.lines(); len(got) != len(tc.want) || (len(got) > 0 && !reflect.DeepEqual(got, tc.want)) {
+				t.Fatalf("ran %q, want %q", got, tc.want)
+			}
+			st := e.status(t)
+			if tc.want == nil {
+				if res.ExitCode != ExitFailed || st.Phase != status.PhaseFailed || st.Reason != ReasonNoTimeLeft ||
+					!strings.Contains(st.Message, "kubeadm was not started") {
+					t.Fatalf("exit %d, status %+v", res.ExitCode, st)
+				}
+				return
+			}
+			if res.ExitCode != ExitOK || st.Phase != status.PhaseConverged {
+				t.Fatalf("exit %d, status %+v, err %v", res.ExitCode, st, res.Err)
+			}
+		})
+	}
+}
