@@ -7,7 +7,6 @@ import (
 	"path"
 	"sort"
 	"strings"
-	"unicode"
 
 	"golang.org/x/sys/unix"
 	yaml3 "gopkg.in/yaml.v3"
@@ -68,7 +67,7 @@ func (o *Observer) NextBootConfig(check func(*clusterconfig.Cluster) ([]string, 
 		if err != nil {
 			return Config{}, notes, fmt.Errorf("cloud-config %s: %w", f, err)
 		}
-		if !cloudConfigHeader(string(b)) {
+		if !clusterconfig.HasCloudConfigHeader(b) {
 			continue
 		}
 		var top map[string]yaml3.Node
@@ -164,17 +163,4 @@ func (o *Observer) cloudConfigFiles(dir string) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// cloudConfigHeader is kairos-sdk's collector.HasValidHeader (v0.25.3):
-// one of the first ten lines, its trailing space trimmed, is
-// #cloud-config, #kairos-config or #node-config.
-func cloudConfigHeader(data string) bool {
-	for _, l := range strings.SplitN(data, "\n", 10) {
-		switch strings.TrimRightFunc(l, unicode.IsSpace) {
-		case "#cloud-config", "#kairos-config", "#node-config":
-			return true
-		}
-	}
-	return false
 }

@@ -26,12 +26,12 @@ import (
 	"path"
 	"sort"
 	"strings"
-	"unicode"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 	"github.com/kairos-io/provider-kubernetes/pkg/plan"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
@@ -289,7 +289,7 @@ func (fd *finder) visit(dir *os.File, name, p, open string) error {
 	if len(data) > MaxFile {
 		return refuse("%s grew past %d bytes while being read", p, MaxFile)
 	}
-	if !header(data) {
+	if !clusterconfig.HasCloudConfigHeader(data) {
 		return nil // not a cloud-config: Kairos skips it too
 	}
 	loc, has, err := locate(data)
@@ -312,16 +312,4 @@ func (fd *finder) visit(dir *os.File, name, p, open string) error {
 	}
 	fd.found = append(fd.found, c)
 	return nil
-}
-
-// header is kairos-sdk's collector.HasValidHeader (v0.25.3): one of the
-// first ten lines, trailing space trimmed, is a cloud-config header.
-func header(data []byte) bool {
-	for _, l := range strings.SplitN(string(data), "\n", 10) {
-		l = strings.TrimRightFunc(l, unicode.IsSpace)
-		if l == "#cloud-config" || l == "#kairos-config" || l == "#node-config" {
-			return true
-		}
-	}
-	return false
 }

@@ -18,6 +18,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unicode"
 
 	sdk "github.com/kairos-io/kairos-sdk/clusterplugin"
 	yaml3 "gopkg.in/yaml.v3"
@@ -363,4 +364,17 @@ func RedactYAMLError(err error) string {
 		s = s[:200]
 	}
 	return s
+}
+
+// HasCloudConfigHeader is kairos-sdk's collector.HasValidHeader (v0.25.3):
+// a file is a cloud-config to Kairos when one of its first ten lines, its
+// trailing space trimmed, is #cloud-config, #kairos-config or #node-config.
+func HasCloudConfigHeader(data []byte) bool {
+	for _, l := range strings.SplitN(string(data), "\n", 10) {
+		switch strings.TrimRightFunc(l, unicode.IsSpace) {
+		case "#cloud-config", "#kairos-config", "#node-config":
+			return true
+		}
+	}
+	return false
 }
