@@ -284,3 +284,28 @@ func TestPreflightRoots(t *testing.T) {
 		}
 	}
 }
+
+// The rollout's one trap: the image swapped before the pin was bumped. The
+// boot into it would do nothing (a warning), so every node would report
+// done and none upgrade: the preflight refuses it (PinBehindImage) and
+// names the pin to set. An image of the pin's own minor (a patch or an
+// OS-only image) passes.
+func TestPreflightRefusesAnImageAheadOfThePin(t *testing.T) {
+	for _, role := range []string{"controlplane", "worker"} {
+		t.Run(role, func(t *testing.T) {
+			f := newFleet(t, role, "v1.36.3", "v1.36.3", "v1.36.3")
+			code, out, errOut := f.run()
+			if code != reconcile.ExitRefused || !strings.Contains(out, "Preflight: REFUSE PinBehindImage") ||
+				!strings.Contains(out, "provider-kubernetes pin set v1.37.2") {
+				t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+			}
+			wantLine(t, errOut, "outcome=refused code=PinBehindImage")
+		})
+	}
+	// The image of the pin's minor: the boot would have nothing to do, and
+	// nothing to refuse either.
+	f := newFleet(t, "controlplane", "v1.37.2", "v1.37.2", "v1.37.2")
+	if code, out, errOut := f.run(); code != reconcile.ExitOK {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+}

@@ -129,9 +129,12 @@ func Run(ctx context.Context, o Options) Result {
 		return r
 	}
 	r.Outcome, r.Message = OutcomeProceed, pl.Message
+	behind, behindWhy := plan.BehindImage(pl, obs.Facts.Bundled)
 	switch {
 	case pl.Refused():
 		return refuse(pl.Refusal, pl.Message)
+	case behind != "":
+		return refuse(behind, behindWhy)
 	case pl.Redecide:
 		// The pass would repair the kubelet, read again and decide again:
 		// here the cluster's version is simply unknown.

@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
 // The control-plane gate: before a control plane's kubeadm upgrade (apply
@@ -45,7 +47,24 @@ const (
 	ControlPlanesBehind Code = "ControlPlanesBehind"
 	// ClusterStateUnknown: what the gate decides on could not be read.
 	ClusterStateUnknown Code = "ClusterStateUnknown"
+	// PinBehindImage: the image about to be swapped in bundles a newer
+	// minor than the node's pin, so its boot would upgrade nothing.
+	PinBehindImage Code = "PinBehindImage"
 )
+
+// BehindImage is the one rule the preflight adds to the boot's decision:
+// a swap to an image whose Kubernetes minor is newer than the pin is
+// refused before it happens. The boot itself would accept it (nothing to
+// do, with a skew warning: the pin, not the image, says when to upgrade),
+// but a rollout that swaps images before bumping pins reports every node
+// done and upgrades none. Patch releases and OS-only images of the pin's
+// minor pass.
+func BehindImage(pl Plan, bundled version.Version) (Code, string) {
+	if pl.Verdict != VerdictNone || pl.Pin.IsZero() || bundled.IsZero() || pl.Pin.Major != bundled.Major || pl.Pin.Minor >= bundled.Minor {
+		return "", ""
+	}
+	return PinBehindImage, fmt.Sprintf("this image bundles Kubernetes %s and the node's pin is %s: swapped in, it would upgrade nothing; set the pin first (provider-kubernetes pin set %s), then the image", bundled, pl.Pin, bundled)
+}
 
 // Peer is one control-plane Node as the API shows it.
 type Peer struct {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
 const expiry = time.Hour
@@ -157,5 +159,38 @@ func TestTurnIsMutuallyExclusiveWithoutALock(t *testing.T) {
 				trace = append(trace, p.name+" upgrades")
 			}
 		}
+	}
+}
+
+// The preflight's rule beyond the boot's: an image of a newer minor than
+// the pin is refused before the swap; the pin's own minor passes, and so
+// does anything the boot itself acts on or refuses.
+func TestBehindImage(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		pin, bundled, node, cl string
+		want                   Code
+	}{
+		{"image a minor ahead of the pin", "v1.36.3", "v1.37.2", "v1.36.3", "v1.36.3", PinBehindImage},
+		{"image two minors ahead", "v1.35.4", "v1.37.2", "v1.35.4", "v1.35.4", PinBehindImage},
+		{"a patch image of the pin's minor", "v1.37.1", "v1.37.2", "v1.37.1", "v1.37.1", ""},
+		{"the pin's own image (OS-only)", "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", ""},
+		{"an upgrade the boot runs", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := Facts{Member: true, Role: RoleControlPlane, Pin: tc.pin, Bundled: version.MustParse(tc.bundled),
+				Node: version.MustParse(tc.node), Cluster: version.MustParse(tc.cl), Verified: version.MustParse(tc.node)}
+			pl := Decide(window, f)
+			got, why := BehindImage(pl, f.Bundled)
+			if got != tc.want {
+				t.Fatalf("%s (%q), want %q; plan %+v", got, why, tc.want, pl)
+			}
+			if got != "" && !strings.Contains(why, "pin set "+tc.bundled) {
+				t.Fatalf("the reason does not name the pin to set: %s", why)
+			}
+		})
+	}
+	if c, _ := BehindImage(Plan{Verdict: VerdictNone, Pin: version.MustParse("v1.36.3")}, version.Version{}); c != "" {
+		t.Fatalf("an unknown bundle refused as %s", c)
 	}
 }
