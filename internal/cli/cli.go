@@ -3,6 +3,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,107 +41,6 @@ import (
 // Version is stamped at build time.
 var Version = "dev"
 
-const usage = `provider-kubernetes: installs and upgrades Kubernetes with kubeadm on Kairos nodes.
-
-Usage:
-  provider-kubernetes reconcile [--root DIR] [--cluster-file FILE]
-      One reconcile pass: observe, decide, act, report. Run on every boot by
-      provider-kubernetes-reconcile.service.
-  provider-kubernetes plan [--root DIR] [--cluster-file FILE] [-o text|json]
-                           [--pin V] [--bundled V|unknown] [--node-version V|unknown]
-                           [--cluster-version V|unknown] [--role init|controlplane|worker]
-                           [--member=true|false]
-      What the next boot would do, changing nothing. Facts given as flags
-      replace what would be read from the node; with every fact given it
-      reads nothing and works on any machine.
-  provider-kubernetes preflight [--host-root DIR] [--image-root DIR] [-o text|json]
-      From the image a node is about to be upgraded to, before the swap:
-      what the node's next boot would decide (this image's kubeadm, the
-      cluster: section in the node's cloud-config, its state and its
-      cluster's) and whether the cluster is ready for it now (a control
-      plane: no other one upgrading, every control-plane Node Ready, etcd
-      healthy; a worker: every apiserver at the pin). Exit 3 refused.
-      --host-root defaults to $HOST_DIR, else /host in a Pod, else /.
-  provider-kubernetes status [--root DIR] [-o text|yaml|json]
-      The last pass's status document.
-  provider-kubernetes status --cluster [--kubeconfig FILE] [--context NAME] [-o text|json] [--root DIR]
-      Every node (role, kubelet and apiserver versions, the provider's last
-      pass from its Node annotations, what its next boot would do) and the
-      rollout's next step. Exit 0 when every node is converged at one
-      version, 1 otherwise.
-  provider-kubernetes publish [--root DIR] [--budget D]
-      Put the last pass on this node's Node: annotations under
-      provider-kubernetes.kairos.io/, the KubernetesUpgrade condition and an
-      Event for each refusal, upgrade start, finish or failure; retries within D (default 5m) while the API
-      comes up. Run by provider-kubernetes-publish.service after every pass.
-  provider-kubernetes drain [--node NAME] [--budget D] [--force] [--exclude-pod NS/NAME]...
-                            [--kubeconfig FILE] [--context NAME] [--root DIR]
-      Before a reboot: cordon the node and evict its pods through the
-      Eviction API (PodDisruptionBudgets honoured; DaemonSet and mirror pods
-      stay), retrying what a budget blocks within D (default 10m), then
-      naming the budgets that block and the pods left. The node's own
-      kubelet.conf may drain the node itself. Exit 0 drained, 1 failed (the
-      node made schedulable again), 3 refused: pods without a controller
-      and no --force (nothing changed).
-  provider-kubernetes join-config --role worker|controlplane [--ttl D] [--root DIR]
-      On a control plane: mint join material (a fresh bootstrap token, the CA
-      pin, for a control plane a fresh certificate key with the certificates
-      uploaded under it) and print a ready-to-paste cloud-config cluster:
-      section for the next node. The output is a secret.
-  provider-kubernetes reset --yes [--root DIR]
-      Take this node out of Kubernetes: kubeadm reset -f, then empty
-      /etc/kubernetes, /var/lib/kubelet and /var/lib/etcd (kept as
-      directories; never through a symlink or into another mount). The
-      provider's etcd snapshots are kept.
-  provider-kubernetes etcd-snapshot --target vX.Y.Z [--root DIR]
-      The pre-upgrade etcd snapshot step alone, with the reconcile pass's rules
-      and its single "etcd-snapshot outcome=..." line (also appended to the
-      reconcile log). Exit 0 when taken or skipped, 1 when failed.
-  provider-kubernetes pin show [--root DIR]
-      This node's pin (clusterConfiguration.kubernetesVersion in the cluster:
-      section of its /oem cloud-config) and the file it is in.
-  provider-kubernetes pin set vX.Y.Z [--dry-run] [--root DIR]
-      Set the pin in that file, every other byte kept, atomically, with its
-      owner, group and mode; --dry-run prints the change. The next boot
-      decides what the new pin does. Exit 3 where it cannot be done safely.
-  provider-kubernetes restore-etcd --snapshot FILE --manifests DIR --initial-cluster NAME=URL,...
-                                   [--cluster-token T] --yes [--root DIR]
-      Restore this node's stacked etcd member from a snapshot, with the
-      stopped static control plane's manifests in DIR (moved out of
-      /etc/kubernetes/manifests) naming it; the old member directory is moved
-      aside, never deleted. Prints the command for the next member (same
-      snapshot, members and token). Without --yes it shows what it would do.
-      Exit 3 when refused (nothing changed).
-  provider-kubernetes collect-manifests --to DIR [--root DIR]
-      For a rollback: copy into DIR (new or empty, 0700) the static pod
-      manifests this control plane ran at the booted image's version, the
-      newest copy of each that kubeadm saved in
-      /etc/kubernetes/tmp/kubeadm-backup-manifests-*: the --manifests of
-      restore-etcd. Exit 3 when one is missing (nothing copied).
-  provider-kubernetes prune-kubeadm-backups [--keep N] [--root DIR]
-      Remove all but the newest N (default 1) of kubeadm's plaintext etcd
-      copies in /etc/kubernetes/tmp, only when this node is verified at the
-      cluster's version; never follows symlinks. Exit 3 when not verified.
-  provider-kubernetes migrate-units [--root DIR]
-      Remove the unit copies and .wants links earlier releases left in
-      /etc/systemd/system when byte-identical to what was shipped there, then
-      reload systemd. Edited copies are kept, named in the journal, and the
-      command exits 1. Run by provider-kubernetes-unit-migrate.service.
-  provider-kubernetes import-images [--root DIR] [--address SOCKET]
-      Import exactly the bundled control-plane images of the lock file into
-      containerd's k8s.io namespace, refusing any tarball that fails a check.
-      Run by provider-kubernetes-image-import.service.
-  provider-kubernetes version
-      This binary's version and supported window.
-
-As a Kairos plugin (installed as agent-provider-kubernetes, or given an
-event name first) it answers the go-pluggable events agent.boot and
-cluster.reset on stdin/stdout.
-
-Exit codes: 0 converged or nothing to do, 1 failed (or, for migrate-units and
-import-images, something kept or refused), 2 usage, 3 refused.
-`
-
 // Entry runs the process: argv is the whole command line, argv[0]
 // included. Installed as agent-provider-kubernetes, or with a go-pluggable
 // event name (agent.boot, cluster.reset) first, it is the Kairos plugin;
@@ -154,7 +54,7 @@ func Entry(ctx context.Context, argv []string, stdin io.Reader, stdout, stderr i
 
 func entry(ctx context.Context, argv []string, root string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(argv) == 0 {
-		fmt.Fprint(stderr, usage)
+		overview(stderr)
 		return reconcile.ExitUsage
 	}
 	if kube.IsPluginBound(argv[1:]) {
@@ -190,82 +90,113 @@ func servePlugin(ctx context.Context, r paths.Root, event string, stdin io.Reade
 	return reconcile.ExitOK
 }
 
-// Main runs the command line args and returns the exit code.
+// Main runs the command line args and returns the exit code. With no
+// command it prints the overview on stderr and exits 2; help, -h and
+// --help print it on stdout.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		overview(stderr)
 		return reconcile.ExitUsage
 	}
 	switch args[0] {
-	case "reconcile":
-		return cmdReconcile(ctx, args[1:], stdout, stderr)
-	case "plan":
-		return cmdPlan(ctx, args[1:], stdout, stderr)
-	case "pin":
-		return cmdPin(args[1:], stdout, stderr)
-	case "preflight":
-		return cmdPreflight(ctx, args[1:], stdout, stderr)
-	case "status":
-		return cmdStatus(ctx, args[1:], stdout, stderr)
-	case "join-config":
-		return cmdJoinConfig(ctx, args[1:], stdout, stderr)
-	case "reset":
-		return cmdReset(ctx, args[1:], stdout, stderr)
-	case "etcd-snapshot":
-		return cmdEtcdSnapshot(ctx, args[1:], stdout, stderr)
-	case "restore-etcd":
-		return cmdRestoreEtcd(ctx, args[1:], stdout, stderr)
-	case "collect-manifests":
-		return cmdCollectManifests(args[1:], stdout, stderr)
-	case "prune-kubeadm-backups":
-		return cmdPruneKubeadmBackups(ctx, args[1:], stdout, stderr)
-	case "migrate-units":
-		return cmdMigrateUnits(ctx, args[1:], stdout, stderr)
-	case "import-images":
-		return cmdImportImages(ctx, args[1:], stdout, stderr)
-	case "publish":
-		return cmdPublish(ctx, args[1:], stdout, stderr)
-	case "drain":
-		return cmdDrain(ctx, args[1:], stdout, stderr)
-	case "version", "--version":
-		fmt.Fprintf(stdout, "provider-kubernetes %s (release %s, Kubernetes %s)\n", Version, images.Get().Release, images.Window())
-		return reconcile.ExitOK
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return reconcile.ExitOK
+	case "help", "-h", "--help", "-help":
+		return cmdHelp(ctx, args[1:], stdout, stderr)
+	case "--version":
+		return cmdVersion(ctx, args[1:], stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "unknown command %q\n\n%s", args[0], usage)
-	return reconcile.ExitUsage
+	if c, ok := lookup(args[0]); ok {
+		return c.run(ctx, args[1:], stdout, stderr)
+	}
+	return usageError(stderr, "", "unknown command "+described(args[0]))
 }
 
-func newFlags(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage) }
+// flagSet is a command's flags: parse prints its help on stdout for -h
+// and --help, and a usage error as one line and a hint on stderr.
+type flagSet struct {
+	*flag.FlagSet
+	stdout, stderr io.Writer
+	said           bytes.Buffer // what the flag package says about a bad flag
+}
+
+// newFlags is the FlagSet of the command name ("plan", "pin set"), whose
+// help entry is that of its first word.
+func newFlags(name string, stdout, stderr io.Writer) *flagSet {
+	fs := &flagSet{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), stdout: stdout, stderr: stderr}
+	fs.SetOutput(&fs.said)
+	fs.Usage = func() {}
 	return fs
 }
 
-func parse(fs *flag.FlagSet, args []string) (int, bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return reconcile.ExitOK, false
-		}
-		return reconcile.ExitUsage, false
+// usageError reports problem as this command's usage error (exit 2).
+func (fs *flagSet) usageError(problem string) int {
+	return usageError(fs.stderr, fs.Name(), problem)
+}
+
+// parse parses args: ok when the command goes on, else the exit code
+// (0 after printing the help, 2 after a usage error).
+func parse(fs *flagSet, args []string) (int, bool) {
+	if code, ok := parseFlags(fs, args); !ok {
+		return code, false
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected arguments: %v\n", fs.Args())
-		return reconcile.ExitUsage, false
+		return fs.usageError(fmt.Sprintf("unexpected arguments: %v", fs.Args())), false
 	}
 	// Every command with --root re-bases host paths under it: never relative.
 	if f := fs.Lookup("root"); f != nil && !filepath.IsAbs(f.Value.String()) {
-		fmt.Fprintf(fs.Output(), "--root must be an absolute path, got %q\n", f.Value.String())
-		return reconcile.ExitUsage, false
+		return fs.usageError(fmt.Sprintf("--root must be an absolute path, got %q", f.Value.String())), false
 	}
 	return 0, true
 }
 
+// parseFlags is parse without its checks of the arguments left and --root.
+func parseFlags(fs *flagSet, args []string) (int, bool) {
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		return 0, true
+	case errors.Is(err, flag.ErrHelp):
+		name, _, _ := strings.Cut(fs.Name(), " ")
+		printHelp(fs.stdout, name, fs.FlagSet)
+		return reconcile.ExitOK, false
+	}
+	return fs.usageError(strings.TrimSpace(fs.said.String())), false
+}
+
+// cmdVersion prints this binary's version, release and supported window.
+func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("version", stdout, stderr)
+	out := fs.String("o", "text", "output: text or json")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	rel := images.Get().Release
+	switch *out {
+	case "text":
+		fmt.Fprintf(stdout, "provider-kubernetes %s (release %s, Kubernetes %s)\n", Version, rel, images.Window())
+	case "json":
+		w := images.Window()
+		minors := make([]string, len(w))
+		for i, m := range w {
+			minors[i] = m.String()
+		}
+		b, err := json.Marshal(struct {
+			Version string   `json:"version"`
+			Release string   `json:"release"`
+			Window  []string `json:"window"`
+		}{Version, rel, minors})
+		if err != nil {
+			fmt.Fprintf(stderr, "version: %s\n", status.Printable(err.Error()))
+			return reconcile.ExitFailed
+		}
+		fmt.Fprintf(stdout, "%s\n", b)
+	default:
+		return fs.usageError("-o must be text or json, got " + plan.Described(*out))
+	}
+	return reconcile.ExitOK
+}
+
 func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("reconcile", stderr)
+	fs := newFlags("reconcile", stdout, stderr)
 	root := fs.String("root", "/", "host root every path is read and written under")
 	clusterFile := fs.String("cluster-file", paths.ClusterFile, "cluster file (host path under --root)")
 	if code, ok := parse(fs, args); !ok {
@@ -403,7 +334,7 @@ func (f *versionFlag) ptr() *version.Version {
 }
 
 func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("plan", stderr)
+	fs := newFlags("plan", stdout, stderr)
 	root := fs.String("root", "/", "host root every path is read under")
 	clusterFile := fs.String("cluster-file", paths.ClusterFile, "cluster file (host path under --root)")
 	out := fs.String("o", "text", "output: text or json")
@@ -508,7 +439,7 @@ func orDash(s string) string {
 }
 
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("status", stderr)
+	fs := newFlags("status", stdout, stderr)
 	root := fs.String("root", "/", "host root")
 	out := fs.String("o", "text", "output: text, yaml or json")
 	cluster := fs.Bool("cluster", false, "every node of the cluster and the rollout's next step, from the API")
@@ -544,7 +475,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
 func cmdJoinConfig(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("join-config", stderr)
+	fs := newFlags("join-config", stdout, stderr)
 	root := fs.String("root", "/", "host root")
 	role := fs.String("role", "", "the next node's role: worker or controlplane")
 	ttl := fs.Duration("ttl", clusterconfig.DefaultTokenTTL, "the bootstrap token's lifetime (at most "+clusterconfig.MaxTokenTTL.String()+")")
@@ -573,7 +504,7 @@ func cmdJoinConfig(ctx context.Context, args []string, stdout, stderr io.Writer)
 }
 
 func cmdReset(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("reset", stderr)
+	fs := newFlags("reset", stdout, stderr)
 	root := fs.String("root", "/", "host root")
 	yes := fs.Bool("yes", false, "confirm: this removes the node's Kubernetes state")
 	if code, ok := parse(fs, args); !ok {

@@ -29,7 +29,7 @@ const DrainBudget = 10 * time.Minute
 // answer), 2 usage, 3 refused (pods no controller manages, without
 // --force: nothing changed).
 func cmdDrain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("drain", stderr)
+	fs := newFlags("drain", stdout, stderr)
 	root := fs.String("root", "/", "host root the node's kubelet.conf is read under")
 	kubeconfig := fs.String("kubeconfig", "", "a kubeconfig that may drain the node (host path under --root; default: the KUBECONFIG list, else the node's own kubelet.conf)")
 	kubeContext := fs.String("context", "", "the kubeconfig context to use (default: its current context)")

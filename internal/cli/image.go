@@ -19,7 +19,7 @@ var (
 )
 
 func cmdMigrateUnits(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("migrate-units", stderr)
+	fs := newFlags("migrate-units", stdout, stderr)
 	root := fs.String("root", "/", "host root; systemd is reloaded only when it is /")
 	if code, ok := parse(fs, args); !ok {
 		return code
@@ -36,7 +36,7 @@ func cmdMigrateUnits(ctx context.Context, args []string, stdout, stderr io.Write
 }
 
 func cmdImportImages(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("import-images", stderr)
+	fs := newFlags("import-images", stdout, stderr)
 	root := fs.String("root", "/", "host root the images directory is read under")
 	address := fs.String("address", paths.ContainerdSocket, "containerd's socket")
 	if code, ok := parse(fs, args); !ok {

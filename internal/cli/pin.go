@@ -2,7 +2,6 @@ package cli
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -19,12 +18,15 @@ import (
 // cloud-config. Exit 0 shown, set or already set; 1 failed; 2 usage; 3
 // refused (nothing changed).
 func cmdPin(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
+		// The help of pin: set's flags are show's and --dry-run.
+		args = []string{"set", "--help"}
+	}
 	if len(args) == 0 || args[0] != "show" && args[0] != "set" {
-		fmt.Fprintf(stderr, "pin: show or set vX.Y.Z\n\n%s", usage)
-		return reconcile.ExitUsage
+		return usageError(stderr, "pin", "pin: show or set vX.Y.Z")
 	}
 	sub, args := args[0], args[1:]
-	fs := newFlags("pin "+sub, stderr)
+	fs := newFlags("pin "+sub, stdout, stderr)
 	root := fs.String("root", "/", "host root every path is read and written under")
 	dryRun := false
 	if sub == "set" {
@@ -35,11 +37,8 @@ func cmdPin(args []string, stdout, stderr io.Writer) int {
 	if sub == "set" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		arg, args = args[0], args[1:]
 	} else if sub == "set" {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return reconcile.ExitOK
-			}
-			return reconcile.ExitUsage
+		if code, ok := parseFlags(fs, args); !ok {
+			return code
 		}
 		if args = fs.Args(); len(args) > 0 {
 			arg, args = args[0], args[1:]

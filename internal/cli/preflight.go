@@ -35,7 +35,7 @@ func defaultHostRoot() string {
 // may swap the image, 3 when it refuses (the code on its one structured
 // line on stderr and in the output).
 func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("preflight", stderr)
+	fs := newFlags("preflight", stdout, stderr)
 	hostRoot := fs.String("host-root", defaultHostRoot(), "the node's root (default: $HOST_DIR, else /host in a Pod, else /)")
 	imageRoot := fs.String("image-root", "/", "the root of the image being upgraded to: this binary's own")
 	out := fs.String("o", "text", "output: text or json")

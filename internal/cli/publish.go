@@ -20,7 +20,7 @@ import (
 // published or when there is nothing to publish (no pass, not a member),
 // 1 when the budget ran out.
 func cmdPublish(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("publish", stderr)
+	fs := newFlags("publish", stdout, stderr)
 	root := fs.String("root", "/", "host root every path is read and written under")
 	var budget durationFlag = durationFlag(5 * time.Minute)
 	fs.Var(&budget, "budget", "how long to keep trying while the API is not reachable (Go duration)")

@@ -16,7 +16,7 @@ import (
 )
 
 func cmdRestoreEtcd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("restore-etcd", stderr)
+	fs := newFlags("restore-etcd", stdout, stderr)
 	root := fs.String("root", "/", "host root every path is read and written under")
 	snapshot := fs.String("snapshot", "", "the etcd snapshot (etcdctl snapshot save), root's and 0600")
 	manifests := fs.String("manifests", "", "the directory holding this node's static pod manifests to put back (etcd.yaml among them)")
@@ -65,7 +65,7 @@ func cmdRestoreEtcd(ctx context.Context, args []string, stdout, stderr io.Writer
 }
 
 func cmdCollectManifests(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("collect-manifests", stderr)
+	fs := newFlags("collect-manifests", stdout, stderr)
 	root := fs.String("root", "/", "host root every path is read and written under")
 	to := fs.String("to", "", "the directory to copy them into (created 0700; must be new or empty)")
 	if code, ok := parse(fs, args); !ok {

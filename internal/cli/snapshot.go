@@ -33,7 +33,7 @@ func snapshotStep(r paths.Root, run runner.Runner, log *slog.Logger) func(contex
 }
 
 func cmdEtcdSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("etcd-snapshot", stderr)
+	fs := newFlags("etcd-snapshot", stdout, stderr)
 	root := fs.String("root", "/", "host root every path is read and written under")
 	target := fs.String("target", "", "the Kubernetes version the upgrade goes to (vX.Y.Z)")
 	if code, ok := parse(fs, args); !ok {
@@ -72,7 +72,7 @@ func cmdEtcdSnapshot(ctx context.Context, args []string, stdout, stderr io.Write
 const EventPrune = "prune-kubeadm-backups"
 
 func cmdPruneKubeadmBackups(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("prune-kubeadm-backups", stderr)
+	fs := newFlags("prune-kubeadm-backups", stdout, stderr)
 	root := fs.String("root", "/", "host root")
 	keep := fs.Int("keep", 1, "how many of the newest copies to keep")
 	if code, ok := parse(fs, args); !ok {
