@@ -79,7 +79,8 @@ var helps = map[string]commandHelp{
 	},
 	"plan": {
 		synopsis: []string{"plan [--root DIR] [--cluster-file FILE] [-o text|json] [--pin V] [--bundled V|unknown]\n" +
-			"     [--node-version V|unknown] [--cluster-version V|unknown] [--role init|controlplane|worker] [--member=true|false]"},
+			"     [--node-version V|unknown] [--cluster-version V|unknown] [--role init|controlplane|worker] [--member=true|false]\n" +
+			"     [--verified V|unknown]"},
 		summary: "What the next boot would do, changing nothing. Facts given as flags replace what would be read from the node; with every fact given it reads nothing and works on any machine.",
 		example: "plan --pin v1.37.2 --bundled v1.37.2 --node-version v1.36.3 --cluster-version v1.36.3 --role controlplane --member=true",
 		exits: []exitCode{{reconcile.ExitOK, "the plan acts, or has nothing to do"}, {reconcile.ExitFailed, "the plan could not be printed"},
