@@ -350,8 +350,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	if *out != "text" && *out != "json" {
-		fmt.Fprintf(stderr, "-o must be text or json, got %q\n", *out)
-		return reconcile.ExitUsage
+		return fs.usageError(fmt.Sprintf("-o must be text or json, got %q", *out))
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -362,8 +361,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if set["role"] {
 		r, err := plan.ParseRole(*role)
 		if err != nil {
-			fmt.Fprintf(stderr, "--role: %s\n", status.Printable(err.Error()))
-			return reconcile.ExitUsage
+			return fs.usageError(fmt.Sprintf("--role: %s", status.Printable(err.Error())))
 		}
 		ov.Role = &r
 	}
@@ -450,14 +448,12 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if *cluster {
 		if *out != "text" && *out != "json" {
-			fmt.Fprintf(stderr, "-o must be text or json with --cluster, got %q\n", status.Printable(*out))
-			return reconcile.ExitUsage
+			return fs.usageError(fmt.Sprintf("-o must be text or json with --cluster, got %q", status.Printable(*out)))
 		}
 		return clusterStatus(ctx, paths.Root(*root), kubeSource(*kubeconfig, os.Getenv("KUBECONFIG"), *kubeContext), *out, stdout, stderr)
 	}
 	if *out != "text" && *out != "yaml" && *out != "json" {
-		fmt.Fprintf(stderr, "-o must be text, yaml or json, got %q\n", *out)
-		return reconcile.ExitUsage
+		return fs.usageError(fmt.Sprintf("-o must be text, yaml or json, got %q", *out))
 	}
 	doc, src, err := status.ReadCurrent(paths.Root(*root))
 	if err != nil {
@@ -483,12 +479,10 @@ func cmdJoinConfig(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return code
 	}
 	if *role != clusterconfig.RoleWorker && *role != clusterconfig.RoleControlPlane {
-		fmt.Fprintf(stderr, "--role must be worker or controlplane, got %q\n", *role)
-		return reconcile.ExitUsage
+		return fs.usageError(fmt.Sprintf("--role must be worker or controlplane, got %q", *role))
 	}
 	if *ttl <= 0 || *ttl > clusterconfig.MaxTokenTTL {
-		fmt.Fprintf(stderr, "--ttl must be more than 0 and at most %s, got %s\n", clusterconfig.MaxTokenTTL, *ttl)
-		return reconcile.ExitUsage
+		return fs.usageError(fmt.Sprintf("--ttl must be more than 0 and at most %s, got %s", clusterconfig.MaxTokenTTL, *ttl))
 	}
 	m, err := joinconfig.Mint(ctx, joinconfig.Options{Root: paths.Root(*root), Runner: runner.Exec{Root: *root}, Role: *role, TTL: *ttl})
 	if err != nil {
@@ -511,8 +505,7 @@ func cmdReset(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return code
 	}
 	if !*yes {
-		fmt.Fprintf(stderr, "reset removes this node's Kubernetes state (kubeadm reset -f; %s emptied): run it with --yes\n", strings.Join(reset.Emptied, ", "))
-		return reconcile.ExitUsage
+		return fs.usageError(fmt.Sprintf("reset removes this node's Kubernetes state (kubeadm reset -f; %s emptied): run it with --yes", strings.Join(reset.Emptied, ", ")))
 	}
 	return runReset(ctx, paths.Root(*root), stdout, stderr)
 }

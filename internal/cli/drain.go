@@ -43,8 +43,7 @@ func cmdDrain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return code
 	}
 	if *node != "" && len(validation.IsDNS1123Subdomain(*node)) != 0 {
-		fmt.Fprintf(stderr, "--node: a name of %d bytes that is not a node name (not shown)\n", len(*node))
-		return reconcile.ExitUsage
+		return fs.usageError(fmt.Sprintf("--node: a name of %d bytes that is not a node name (not shown)", len(*node)))
 	}
 	r := paths.Root(*root)
 	timeout := reconcile.DefaultBudgets().APIRequest

@@ -52,13 +52,11 @@ func cmdPin(args []string, stdout, stderr io.Writer) int {
 		return pinShow(r, stdout, stderr)
 	}
 	if arg == "" {
-		fmt.Fprintln(stderr, "pin set: the version to pin is missing: pin set vX.Y.Z")
-		return reconcile.ExitUsage
+		return fs.usageError("pin set: the version to pin is missing: pin set vX.Y.Z")
 	}
 	v, err := pin.Target(images.Window(), arg)
 	if err != nil {
-		fmt.Fprintf(stderr, "pin set: %s\n", status.Printable(err.Error()))
-		return reconcile.ExitUsage
+		return fs.usageError(fmt.Sprintf("pin set: %s", status.Printable(err.Error())))
 	}
 	ch, err := pin.Set(r, v, dryRun)
 	if err != nil {

@@ -44,13 +44,11 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	for flag, v := range map[string]string{"--host-root": *hostRoot, "--image-root": *imageRoot} {
 		if !filepath.IsAbs(v) {
-			fmt.Fprintf(stderr, "%s must be an absolute path, got %q\n", flag, v)
-			return reconcile.ExitUsage
+			return fs.usageError(fmt.Sprintf("%s must be an absolute path, got %q", flag, v))
 		}
 	}
 	if *out != "text" && *out != "json" {
-		fmt.Fprintf(stderr, "-o must be text or json, got %q\n", status.Printable(*out))
-		return reconcile.ExitUsage
+		return fs.usageError(fmt.Sprintf("-o must be text or json, got %q", status.Printable(*out)))
 	}
 	r := preflight.Run(ctx, preflight.Options{HostRoot: paths.Root(*hostRoot), ImageRoot: paths.Root(*imageRoot), Runner: runner.Exec{Root: *imageRoot}})
 

@@ -28,13 +28,11 @@ func cmdRestoreEtcd(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	for _, f := range []struct{ name, v string }{{"--snapshot", *snapshot}, {"--manifests", *manifests}} {
 		if !filepath.IsAbs(f.v) || filepath.Clean(f.v) != f.v {
-			fmt.Fprintf(stderr, "%s must be a clean absolute path, got %q\n", f.name, f.v)
-			return reconcile.ExitUsage
+			return fs.usageError(fmt.Sprintf("%s must be a clean absolute path, got %q", f.name, f.v))
 		}
 	}
 	if filepath.Clean(*manifests) == paths.ManifestsDir {
-		fmt.Fprintf(stderr, "--manifests is where the manifests were moved to, not %s (the kubelet's directory)\n", paths.ManifestsDir)
-		return reconcile.ExitUsage
+		return fs.usageError(fmt.Sprintf("--manifests is where the manifests were moved to, not %s (the kubelet's directory)", paths.ManifestsDir))
 	}
 	r := paths.Root(*root)
 	log, logFile, err := reconcileLogger(r, nil)
@@ -72,8 +70,7 @@ func cmdCollectManifests(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	if *to == "" {
-		fmt.Fprintln(stderr, "collect-manifests: --to DIR is required")
-		return reconcile.ExitUsage
+		return fs.usageError("collect-manifests: --to DIR is required")
 	}
 	r := paths.Root(*root)
 	want, err := restore.WantFromBundle(r)

@@ -41,8 +41,7 @@ func cmdEtcdSnapshot(ctx context.Context, args []string, stdout, stderr io.Write
 	}
 	tv, err := version.Parse(*target)
 	if err != nil {
-		fmt.Fprintf(stderr, "--target: %s\n", status.Printable(err.Error()))
-		return reconcile.ExitUsage
+		return fs.usageError(fmt.Sprintf("--target: %s", status.Printable(err.Error())))
 	}
 	r := paths.Root(*root)
 	log, logFile, err := reconcileLogger(r, stderr)
@@ -79,8 +78,7 @@ func cmdPruneKubeadmBackups(ctx context.Context, args []string, stdout, stderr i
 		return code
 	}
 	if *keep < 0 {
-		fmt.Fprintf(stderr, "--keep must be 0 or more, got %d\n", *keep)
-		return reconcile.ExitUsage
+		return fs.usageError(fmt.Sprintf("--keep must be 0 or more, got %d", *keep))
 	}
 	r := paths.Root(*root)
 	log, logFile, err := reconcileLogger(r, nil)
