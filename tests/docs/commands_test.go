@@ -11,7 +11,8 @@ import (
 
 // reference.md's Commands table has a row for every command the binary's
 // own `help` lists and none it does not; the JSON `plan -o json` prints has
-// only the keys the section names, and the section names every action
+// only the keys the section names, as has the one `version -o json`
+// prints, and the section names every action
 // pkg/plan can plan.
 func TestReferenceCommands(t *testing.T) {
 	if testing.Short() {
@@ -61,6 +62,21 @@ func TestReferenceCommands(t *testing.T) {
 			t.Errorf("plan -o json prints %q: not in docs/reference.md's Commands", k)
 		}
 	}
+	// So does `version -o json`.
+	out, err = exec.Command(bin, "version", "-o", "json").Output()
+	if err != nil {
+		t.Fatalf("version -o json: %v\n%s", err, out)
+	}
+	doc = nil
+	if err := json.Unmarshal(out, &doc); err != nil || len(doc) == 0 {
+		t.Fatalf("version -o json: %v\n%s", err, out)
+	}
+	for k := range doc {
+		if !strings.Contains(text, `"`+k+`"`) {
+			t.Errorf("version -o json prints %q: not in docs/reference.md's Commands", k)
+		}
+	}
+
 	i := strings.Index(text, "Actions: ")
 	if i < 0 {
 		t.Fatal("docs/reference.md's Commands lists no actions")
