@@ -257,11 +257,11 @@ func printHelp(w io.Writer, name string, fs *flag.FlagSet) {
 // cmdHelp is `provider-kubernetes help [COMMAND]`: the overview, or that
 // command's help (the command run with --help).
 func cmdHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	switch len(args) {
-	case 0:
+	switch {
+	case len(args) == 0, args[0] == "-h", args[0] == "--help", args[0] == "-help":
 		overview(stdout)
 		return reconcile.ExitOK
-	case 1:
+	case len(args) == 1:
 		if c, ok := lookup(args[0]); ok {
 			return c.run(ctx, []string{"--help"}, stdout, stderr)
 		}

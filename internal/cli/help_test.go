@@ -119,7 +119,7 @@ func TestHelpShowsTheFlagDefaults(t *testing.T) {
 	}
 }
 
-// help, -h and --help print the overview on stdout and exit 0; no command
+// help, -h, --help and help --help print the overview on stdout and exit 0; no command
 // at all prints it on stderr and exits 2. It lists every command.
 func TestOverview(t *testing.T) {
 	_, want, _ := run("help")
@@ -131,7 +131,7 @@ func TestOverview(t *testing.T) {
 	if !strings.Contains(want, "'provider-kubernetes help COMMAND'") {
 		t.Errorf("the overview does not say where a command's help is:\n%s", want)
 	}
-	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}} {
+	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}, {"help", "--help"}} {
 		code, out, errOut := run(args...)
 		if code != reconcile.ExitOK || out != want || errOut != "" {
 			t.Errorf("%v: exit %d, stdout %d bytes, stderr %q", args, code, len(out), errOut)
