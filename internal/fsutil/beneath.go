@@ -102,6 +102,26 @@ func ReadDirAt(dir *os.File) ([]os.DirEntry, error) {
 	return f.ReadDir(-1)
 }
 
+// ReadDirAtMost is ReadDirAt reading no more than n+1 entries: more than
+// n is ErrTooLarge, so a directory of millions of entries is never read
+// whole into memory.
+func ReadDirAtMost(dir *os.File, n int) ([]os.DirEntry, error) {
+	fd, err := unix.Openat(int(dir.Fd()), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir.Name(), Err: err}
+	}
+	f := os.NewFile(uintptr(fd), dir.Name())
+	defer f.Close()
+	ents, err := f.ReadDir(n + 1)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	if len(ents) > n {
+		return nil, fmt.Errorf("%s: more than %d entries: %w", dir.Name(), n, ErrTooLarge)
+	}
+	return ents, nil
+}
+
 // WriteFileAtomicAt is WriteFileAtomic for name in the directory held by
 // dir: created exclusively without following a symlink, fsynced, renamed
 // over name, the directory fsynced, read back and compared, all through

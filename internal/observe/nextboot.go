@@ -24,10 +24,6 @@ import (
 // is there now is what the next boot sends the plugin.
 var CloudConfigDirs = []string{"/oem", paths.CloudConfigDir}
 
-// maxCloudConfigFile: kairos-sdk's collector (v0.25.3) skips a file of
-// 2 MiB or more (it counts whole MiB and skips above one).
-const maxCloudConfigFile = 2<<20 - 1
-
 // ErrNoSection: the cloud-config has no cluster: section; the next boot's
 // plugin removes its boot stage and no reconcile pass runs.
 var ErrNoSection = errors.New("no cluster: section in the cloud-config")
@@ -50,7 +46,8 @@ var ErrNoSection = errors.New("no cluster: section in the cloud-config")
 func (o *Observer) NextBootConfig(check func(*clusterconfig.Cluster) ([]string, error)) (Config, []string, error) {
 	var files, notes []string
 	for _, dir := range CloudConfigDirs {
-		found, err := o.cloudConfigFiles(dir)
+		entries := 0
+		found, err := o.cloudConfigFiles(dir, 0, &entries)
 		if err != nil {
 			return Config{}, notes, err
 		}
@@ -59,7 +56,7 @@ func (o *Observer) NextBootConfig(check func(*clusterconfig.Cluster) ([]string, 
 	var with []string
 	var cluster *clusterconfig.Cluster
 	for _, f := range files {
-		b, err := fsutil.ReadFileTrusted(string(o.Root), f, maxCloudConfigFile)
+		b, err := fsutil.ReadFileTrusted(string(o.Root), f, clusterconfig.MaxCloudConfigFile)
 		if errors.Is(err, fsutil.ErrTooLarge) {
 			notes = append(notes, "cloud-config "+f+" is 2 MiB or more: skipped, as kairos-agent skips it")
 			continue
@@ -124,8 +121,14 @@ func configOf(c *clusterconfig.Cluster) (Config, error) {
 
 // cloudConfigFiles lists the cloud-config candidates under dir (a host
 // path), recursively in name order as filepath.Walk does, without
-// following a symlink. A missing dir has none.
-func (o *Observer) cloudConfigFiles(dir string) ([]string, error) {
+// following a symlink. A missing dir has none. A tree deeper than
+// clusterconfig.MaxCloudConfigDepth or holding more than
+// MaxCloudConfigEntries entries (counted in *entries) is an error: nothing
+// is decided on a search cut short.
+func (o *Observer) cloudConfigFiles(dir string, depth int, entries *int) ([]string, error) {
+	if depth >= clusterconfig.MaxCloudConfigDepth {
+		return nil, fmt.Errorf("cloud-config directory %s is nested more than %d directories deep: not searched further", dir, clusterconfig.MaxCloudConfigDepth)
+	}
 	d, err := fsutil.OpenDirNoFollow(string(o.Root), dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -134,7 +137,10 @@ func (o *Observer) cloudConfigFiles(dir string) ([]string, error) {
 		return nil, fmt.Errorf("cloud-config directory %s: %w", dir, err)
 	}
 	defer d.Close()
-	ents, err := fsutil.ReadDirAt(d)
+	ents, err := fsutil.ReadDirAtMost(d, clusterconfig.MaxCloudConfigEntries-*entries)
+	if *entries += len(ents); errors.Is(err, fsutil.ErrTooLarge) {
+		return nil, fmt.Errorf("the cloud-config directories hold more than %d entries: not searched further", clusterconfig.MaxCloudConfigEntries)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cloud-config directory %s: %w", dir, err)
 	}
@@ -144,7 +150,7 @@ func (o *Observer) cloudConfigFiles(dir string) ([]string, error) {
 		p := path.Join(dir, e.Name())
 		switch {
 		case e.IsDir():
-			sub, err := o.cloudConfigFiles(p)
+			sub, err := o.cloudConfigFiles(p, depth+1, entries)
 			if err != nil {
 				return nil, err
 			}

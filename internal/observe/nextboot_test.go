@@ -2,6 +2,7 @@ package observe
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -40,7 +41,7 @@ func TestNextBootConfigReadsWhatKairosReads(t *testing.T) {
 	if err := os.Truncate(n.Path("/oem/50_big.yaml"), 0); err != nil {
 		t.Fatal(err)
 	}
-	n.Write("/oem/50_big.yaml", testutil.CloudConfig("worker", "v1.36.3")+strings.Repeat("#\n", (maxCloudConfigFile-len(testutil.CloudConfig("worker", "v1.36.3")))/2), 0o600)
+	n.Write("/oem/50_big.yaml", testutil.CloudConfig("worker", "v1.36.3")+strings.Repeat("#\n", (clusterconfig.MaxCloudConfigFile-len(testutil.CloudConfig("worker", "v1.36.3")))/2), 0o600)
 	if _, _, err := o.NextBootConfig(accept); err == nil || !strings.Contains(err.Error(), "in 2 cloud-config files (/oem/50_big.yaml, /oem/sub/10_pin.yaml)") {
 		t.Fatalf("%v", err)
 	}
@@ -82,5 +83,32 @@ func TestNextBootConfigRefusesOnDoubt(t *testing.T) {
 	n.Write("/oem/90_custom.yaml", "#cloud-config\ncluster: [not, a, map\n", 0o600)
 	if _, _, err := o.NextBootConfig(accept); err == nil || !strings.Contains(err.Error(), "cloud-config /oem/90_custom.yaml: not a YAML map of keys") {
 		t.Fatalf("%v", err)
+	}
+}
+
+// The search below /oem is bounded like pin's (clusterconfig's bounds): a
+// tree too deep or too large is an error, never an endless search or a
+// directory read whole, and nothing is decided on it.
+func TestNextBootConfigSearchIsBounded(t *testing.T) {
+	n := testutil.NewNode(t, "w1")
+	o := &Observer{Root: n.R()}
+	deep := "/oem" + strings.Repeat("/d", clusterconfig.MaxCloudConfigDepth)
+	n.Write(deep+"/90_custom.yaml", testutil.CloudConfig("worker", "v1.37.2"), 0o600)
+	if _, _, err := o.NextBootConfig(accept); err == nil || !strings.Contains(err.Error(), "nested more than") {
+		t.Fatalf("a tree %d deep: %v", clusterconfig.MaxCloudConfigDepth, err)
+	}
+	n = testutil.NewNode(t, "w2")
+	o = &Observer{Root: n.R()}
+	n.Write("/oem/90_custom.yaml", testutil.CloudConfig("worker", "v1.37.2"), 0o600)
+	if _, _, err := o.NextBootConfig(accept); err != nil {
+		t.Fatalf("one file: %v", err)
+	}
+	for i := 0; i < clusterconfig.MaxCloudConfigEntries; i++ {
+		if err := os.WriteFile(n.Path(fmt.Sprintf("/oem/x%05d.txt", i)), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := o.NextBootConfig(accept); err == nil || !strings.Contains(err.Error(), "more than 4096 entries") {
+		t.Fatalf("%d entries: %v", clusterconfig.MaxCloudConfigEntries+1, err)
 	}
 }

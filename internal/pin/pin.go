@@ -40,9 +40,9 @@ import (
 // 2 MiB or more; pin reads no more than that, and refuses such a file
 // rather than guess what it holds.
 const (
-	MaxFile     = 2<<20 - 1
-	maxDepth    = 8
-	maxEntries  = 4096
+	MaxFile     = clusterconfig.MaxCloudConfigFile
+	maxDepth    = clusterconfig.MaxCloudConfigDepth
+	maxEntries  = clusterconfig.MaxCloudConfigEntries
 	maxYAMLRead = 256
 )
 
@@ -209,16 +209,16 @@ func trusted(d *os.File) bool {
 // walk visits dir (host path host) as Kairos's collector does (every
 // file below it, in name order), never following a link.
 func (fd *finder) walk(dir *os.File, host string, depth int, open string) error {
-	ents, err := fsutil.ReadDirAt(dir)
+	ents, err := fsutil.ReadDirAtMost(dir, maxEntries-fd.entries)
+	if errors.Is(err, fsutil.ErrTooLarge) {
+		return refuse("%s holds more than %d entries: pin stops there rather than search without end", paths.OEMDir, maxEntries)
+	}
 	if err != nil {
 		return err
 	}
 	sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
 	for _, e := range ents {
 		fd.entries++
-		if fd.entries > maxEntries {
-			return refuse("%s holds more than %d entries: pin stops there rather than search without end", paths.OEMDir, maxEntries)
-		}
 		name, p := e.Name(), host+"/"+e.Name()
 		var st unix.Stat_t
 		if err := unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {

@@ -366,6 +366,16 @@ func RedactYAMLError(err error) string {
 	return s
 }
 
+// The bounds of a search for cloud-config files below a directory (/oem):
+// MaxCloudConfigFile is kairos-sdk's collector's (v0.25.3: it skips a file
+// of 2 MiB or more); the depth and entry bounds are the provider's own, so
+// a hostile tree stops a search instead of making it endless.
+const (
+	MaxCloudConfigFile    = 2<<20 - 1
+	MaxCloudConfigDepth   = 8
+	MaxCloudConfigEntries = 4096
+)
+
 // HasCloudConfigHeader is kairos-sdk's collector.HasValidHeader (v0.25.3):
 // a file is a cloud-config to Kairos when one of its first ten lines, its
 // trailing space trimmed, is #cloud-config, #kairos-config or #node-config.
