@@ -58,6 +58,9 @@ var (
 // member (it is part of the restored state).
 const BumpRevision = "1000000000"
 
+// etcdUnversioned is the version etcd gives a database that records none.
+const etcdUnversioned = "3.5.0"
+
 // Facts are what was found on the node before anything changes.
 type Facts struct {
 	// InPlace are the etcd and kube-apiserver manifests still in the
@@ -192,13 +195,26 @@ func Decide(f Facts, r Request) (Plan, error) {
 	}
 
 	// The snapshot verifies, and the etcd that will run it can.
+	// A database that holds no storage version is read by etcd as 3.5
+	// (server/storage/schema.UnsafeDetectSchemaVersion): etcd 3.5 wrote
+	// none, and etcd 3.6+ records it only a few seconds after it starts,
+	// so a snapshot of a young cluster has none either. Decide as etcd will.
+	snapVersion := f.Snapshot.Version
+	var unversioned string
+	if f.SnapshotErr == nil && strings.TrimSpace(snapVersion) == "" {
+		snapVersion = etcdUnversioned
+		unversioned = fmt.Sprintf("%s records no etcd storage version (etcd 3.5 wrote none, and a newer etcd records it a few seconds after it starts): etcd reads it as %s", r.Snapshot, etcdUnversioned)
+	}
 	if f.SnapshotErr != nil {
 		refuse(ErrSnapshot, "%s: %v", r.Snapshot, f.SnapshotErr)
-	} else if s, err := etcdMinor(f.Snapshot.Version); err != nil {
+	} else if s, err := etcdMinor(snapVersion); err != nil {
 		refuse(ErrSnapshot, "%s: etcdutl reports no etcd version for it (%q)", r.Snapshot, f.Snapshot.Version)
 	} else if s.Major != m.Etcd.Major || s.Minor > m.Etcd.Minor {
 		refuse(ErrVersion, "%s was written by etcd %s, newer than the etcd %s that will run it (%s): etcd cannot go back a version; restore a snapshot taken before the upgrade",
 			r.Snapshot, s, m.Etcd, m.Image)
+	} else if s.Minor+1 < m.Etcd.Minor && unversioned != "" {
+		refuse(ErrVersion, "%s: more than one minor older than the etcd %s that will run it: etcd upgrades one minor at a time",
+			unversioned, m.Etcd)
 	} else if s.Minor+1 < m.Etcd.Minor {
 		refuse(ErrVersion, "%s was written by etcd %s, more than one minor older than the etcd %s that will run it: etcd upgrades one minor at a time",
 			r.Snapshot, s, m.Etcd)
@@ -211,6 +227,9 @@ func Decide(f Facts, r Request) (Plan, error) {
 		refusals = append(refusals, err)
 	} else {
 		p.InitialCluster, p.Members, p.Notes = ic, names, notes
+	}
+	if unversioned != "" {
+		p.Notes = append(p.Notes, unversioned)
 	}
 	switch {
 	case !tokenRE().MatchString(r.Token):

@@ -159,6 +159,14 @@ func TestDecideAPlan(t *testing.T) {
 	if _, err := Decide(f, r); err != nil {
 		t.Fatal(err)
 	}
+	// A snapshot that records no storage version (a young etcd 3.6 member
+	// had not written it yet) is what etcd reads as 3.5: it runs on etcd
+	// 3.6, and the operator is told why no version shows.
+	f, r = goodFacts(t)
+	f.Snapshot.Version = ""
+	if p, err := Decide(f, r); err != nil || len(p.Notes) != 1 || !strings.Contains(p.Notes[0], "records no etcd storage version") || !strings.Contains(p.Notes[0], "reads it as 3.5.0") {
+		t.Fatalf("%v %+v", err, p)
+	}
 }
 
 func TestDecideRefusals(t *testing.T) {
@@ -189,8 +197,12 @@ func TestDecideRefusals(t *testing.T) {
 			ErrVersion, "written by etcd 3.7, newer than the etcd 3.6 that will run it"},
 		{"a snapshot two minors older", func(f *Facts, r *Request) { f.Snapshot.Version = "3.4.0" },
 			ErrVersion, "more than one minor older"},
-		{"a snapshot without a version", func(f *Facts, r *Request) { f.Snapshot.Version = "" },
-			ErrSnapshot, "no etcd version"},
+		{"a snapshot without a version, for etcd 3.7 (etcd reads it as 3.5)", func(f *Facts, r *Request) {
+			f.Snapshot.Version = ""
+			f.Etcdutl = "3.7.0"
+			f.Member.Etcd = version.Minor{Major: 3, Minor: 7}
+			f.Member.Image = "registry.k8s.io/etcd:3.7.0-0"
+		}, ErrVersion, "records no etcd storage version (etcd 3.5 wrote none, and a newer etcd records it a few seconds after it starts): etcd reads it as 3.5.0: more than one minor older than the etcd 3.7 that will run it"},
 		{"no --initial-cluster", func(f *Facts, r *Request) { r.InitialCluster = "" },
 			ErrInitialCluster, `this member's manifest lists "cp1=https://10.0.0.11:2380,cp2=https://10.0.0.12:2380"`},
 		{"--initial-cluster without this member", func(f *Facts, r *Request) {

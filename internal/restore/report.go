@@ -33,7 +33,7 @@ func Report(w io.Writer, res Result) {
 	}
 	if res.Preview {
 		fmt.Fprintf(w, "restore-etcd would restore etcd member %s from %s (revision %d, %d keys, etcd %s data); nothing changed yet.\n",
-			q(p.Member.Name), q(p.SnapshotPath), p.Snapshot.Revision, p.Snapshot.Keys, q(p.Snapshot.Version))
+			q(p.Member.Name), q(p.SnapshotPath), p.Snapshot.Revision, p.Snapshot.Keys, q(dataVersion(p.Snapshot)))
 		fmt.Fprintf(w, "  restore into:    %s, its member directory then renamed to %s/member\n", q(p.Staging), q(p.Member.DataDir))
 		fmt.Fprintf(w, "  old member dir:  moved aside to %s\n", aside)
 		fmt.Fprintf(w, "  members:         %s\n", q(p.InitialCluster))
@@ -50,7 +50,7 @@ func Report(w io.Writer, res Result) {
 	}
 
 	fmt.Fprintf(w, "restore-etcd: etcd member %s restored from %s (revision %d, %d keys, etcd %s data).\n",
-		q(p.Member.Name), q(p.SnapshotPath), p.Snapshot.Revision, p.Snapshot.Keys, q(p.Snapshot.Version))
+		q(p.Member.Name), q(p.SnapshotPath), p.Snapshot.Revision, p.Snapshot.Keys, q(dataVersion(p.Snapshot)))
 	fmt.Fprintf(w, "  data:            %s/member (revision raised by %s, compacted)\n", q(p.Member.DataDir), BumpRevision)
 	fmt.Fprintf(w, "  old member dir:  %s (moved aside, untouched)\n", aside)
 	fmt.Fprintf(w, "  members:         %s\n", q(p.InitialCluster))
@@ -103,4 +103,13 @@ func clientEndpoint(m Member) string {
 		}
 	}
 	return first
+}
+
+// dataVersion is the etcd version a snapshot's data is of, as the report
+// names it: the storage version it records, else what etcd reads it as.
+func dataVersion(s Snapshot) string {
+	if strings.TrimSpace(s.Version) == "" {
+		return etcdUnversioned + " (none recorded)"
+	}
+	return s.Version
 }
