@@ -121,7 +121,7 @@ func TestUnitsShape(t *testing.T) {
 	for name, lines := range map[string][]string{
 		// After Kairos's boot stage, which writes the cluster file; run only
 		// when the cloud-config has a cluster: section (either file exists).
-		Reconcile: {"Type=oneshot", "TimeoutStartSec=60min", "ExecStart=/usr/bin/provider-kubernetes reconcile",
+		Reconcile: {"Type=oneshot", "TimeoutStartSec=65min", "ExecStart=/usr/bin/provider-kubernetes reconcile",
 			"Wants=network-online.target containerd.service provider-kubernetes-publish.service\n",
 			"After=network-online.target containerd.service provider-kubernetes-image-import.service provider-kubernetes-unit-migrate.service cos-setup-boot.service\n",
 			"ConditionPathExists=|" + paths.ClusterFile + "\n", "ConditionPathExists=|" + paths.ClusterYipFile + "\n"},

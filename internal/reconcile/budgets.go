@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kairos-io/provider-kubernetes/internal/repair"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 )
 
@@ -74,21 +75,22 @@ func DefaultBudgets() Budgets {
 // the sum of every budget a pass can spend, with margin. The reconcile unit's
 // TimeoutStartSec uses it; it is also how long a control plane's published
 // Upgrading counts for the others' turn (its pass cannot run longer).
-const PassBound = 60 * time.Minute
+const PassBound = 65 * time.Minute
 
 // Total is the most a pass can spend with these budgets: the longest of
-// the control-plane upgrade path (two cluster-version reads around a repair,
-// the repair with its waits, the snapshot, the wait for its turn and the
-// health gate, one kubeadm upgrade, a restart and a verification), the worker upgrade path (the same
-// without the local API, snapshot and gate, with the wait for the control
-// planes) and a bootstrap (a control-plane join waits for /readyz, then one
-// kubeadm init or join).
+// the control-plane upgrade path (two cluster-version reads around a repair;
+// the repair with its waits: the kubelet's grace, the local apiserver
+// before kubelet-start and again after it; the snapshot, the wait for its
+// turn and the health gate, one kubeadm upgrade, a restart and a
+// verification), the worker upgrade path (the same without the local API,
+// snapshot and gate, with the wait for the control planes) and a bootstrap
+// (a control-plane join waits for /readyz, then one kubeadm init or join).
 //
 // The sum saturates at the largest time.Duration instead of wrapping, so
 // budgets that add up past int64 read as too long rather than negative.
 func (b Budgets) Total() time.Duration {
-	common := sumDurations(b.ClusterVersion, b.ClusterVersion, b.KubeletStart, b.KubeletHealthy, b.KubeadmUpgrade, b.KubeletRestart, b.Verify)
-	cp := sumDurations(common, b.LocalAPI, b.EtcdSnapshot, b.ControlPlaneTurn, b.ControlPlaneHealth)
+	common := sumDurations(b.ClusterVersion, b.ClusterVersion, repair.KubeletGrace, b.KubeletStart, b.KubeletHealthy, b.KubeadmUpgrade, b.KubeletRestart, b.Verify)
+	cp := sumDurations(common, b.LocalAPI, b.LocalAPI, b.EtcdSnapshot, b.ControlPlaneTurn, b.ControlPlaneHealth)
 	worker := sumDurations(common, b.WaitForCluster)
 	bootstrap := sumDurations(b.ControlPlaneReady, b.KubeadmBootstrap)
 	return max(cp, worker, bootstrap)

@@ -491,7 +491,15 @@ func TestHAUpgrade(t *testing.T) {
 	}
 	bumpPin(t, w1.n, "v1.37.2")
 	// A real kill during the worker's upgrade node; the next boot finishes.
+	// The kill lands as kubeadm backs up the kubelet's config.yaml and
+	// rewrites it (os.WriteFile: truncate, then write); a power cut inside
+	// that write leaves it empty, as CI once caught. SIGKILL keeps the page
+	// cache, so the write is either whole or not begun: the harness puts
+	// the torn state there itself, the worst the kill can leave, every run.
 	killAt(t, w1.n, killWorkerUpgradeNode)
+	if err := w1.n.WriteFile(paths.KubeletDir+"/config.yaml", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if code := boot(w1, "1.37 image: upgrade node"); code != 0 {
 		t.Fatalf("w1 upgrade node: exit %d\n%s\nkubeadm:\n%s", code, lastPass(reconcileLog(t, w1.n)), kubeadmLog(w1.n))
 	}
