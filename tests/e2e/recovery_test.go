@@ -231,7 +231,9 @@ func restoreCluster(t testing.TB, trees map[string]string, cps []*haNode, worker
 	rb.run(worker, "systemctl stop kubelet.service")
 	// 2. The previous image and pin: the pass refuses the downgrade.
 	for _, hn := range cps {
-		rb.run(hn, "sed -i 's/kubernetesVersion: v1.37.2/kubernetesVersion: v1.36.3/'")
+		if out := rb.run(hn, "provider-kubernetes pin set v1.36.3"); !strings.Contains(out, "pin v1.37.2 -> v1.36.3") {
+			t.Fatalf("%s: pin set printed:\n%s", hn.name, out)
+		}
 		if code := rb.bootImage(hn, trees, "restore: the previous image and pin"); code != 3 {
 			t.Fatalf("%s on the previous image: exit %d, want 3 (refused)\n%s", hn.name, code, lastPass(reconcileLog(t, hn.n)))
 		}
