@@ -70,6 +70,13 @@ func (f *fleet) publishes(name, phase string, ago time.Duration) {
 		status.AnnotationPrefix + status.KeyTime: time.Now().Add(-ago).UTC().Format(time.RFC3339)})
 }
 
+// fails: name's last pass failed with reason, as its publish shows it.
+func (f *fleet) fails(name, reason string) {
+	f.api.SetNodeAnnotations(name, map[string]string{status.AnnotationPrefix + status.KeyPhase: status.PhaseFailed,
+		status.AnnotationPrefix + status.KeyReason: reason,
+		status.AnnotationPrefix + status.KeyTime:   time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)})
+}
+
 func wantLine(t *testing.T, errOut string, want ...string) {
 	t.Helper()
 	if n := strings.Count(errOut, "msg=preflight "); n != 1 {
@@ -149,6 +156,18 @@ func TestPreflightRefusesWhatTheGateWouldWaitOn(t *testing.T) {
 			etcdtest.Start(t, f.host, etcdtest.Config{})
 			f.publishes("cp1", status.PhaseUpgrading, reconcile.PassBound+time.Minute)
 		}, "", ""},
+		{"another control plane's last pass failed", func(f *fleet) {
+			etcdtest.Start(t, f.host, etcdtest.Config{})
+			f.fails("cp3", "KubeadmFailed")
+		}, plan.ControlPlaneFailed, "the last pass of control plane cp3 (KubeadmFailed) failed"},
+		{"a failed peer's reason that is not a code is not repeated", func(f *fleet) {
+			etcdtest.Start(t, f.host, etcdtest.Config{})
+			f.fails("cp1", "\x1b[2J$(reboot)")
+		}, plan.ControlPlaneFailed, "the last pass of control plane cp1 (no reason code published) failed"},
+		{"this node's own failed pass does not hold it", func(f *fleet) {
+			etcdtest.Start(t, f.host, etcdtest.Config{})
+			f.fails("cp2", "HealthGateTimeout")
+		}, "", ""},
 		{"a control plane not Ready", func(f *fleet) {
 			etcdtest.Start(t, f.host, etcdtest.Config{})
 			f.api.SetNodeCondition("cp3", "v1.36.3", false, "PLEG is not healthy")
@@ -178,6 +197,9 @@ func TestPreflightRefusesWhatTheGateWouldWaitOn(t *testing.T) {
 			wantLine(t, errOut, "level=ERROR msg=preflight outcome=refused code="+string(tc.code)+" role=controlplane pin=v1.37.2", tc.why)
 			if tc.code == plan.ControlPlaneUpgrading && !strings.Contains(out, "ago) is upgrading: one control plane at a time\n") {
 				t.Fatalf("stdout:\n%s", out)
+			}
+			if strings.Contains(out+errOut, "reboot)") {
+				t.Fatalf("a peer's published text was repeated:\n%s\n%s", out, errOut)
 			}
 			if !strings.HasPrefix(out, "Preflight: REFUSE "+string(tc.code)+": nothing was swapped\nWhy:      ") || !strings.Contains(out, tc.why) {
 				t.Fatalf("stdout:\n%s", out)

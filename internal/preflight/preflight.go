@@ -195,7 +195,7 @@ func gate(ctx context.Context, o Options, host *observe.Observer, obs reconcile.
 	}
 	hctx, cancel := context.WithTimeout(ctx, attempt)
 	defer cancel()
-	return plan.DecideHealth(reconcile.ObserveHealth(hctx, o.HostRoot, admin, etcd, pl.Has(plan.ActionUpgradeApply), obs.Facts.Cluster, pl.Pin))
+	return plan.DecideHealth(reconcile.ObserveHealth(hctx, o.HostRoot, admin, self, etcd, pl.Has(plan.ActionUpgradeApply), obs.Facts.Cluster, pl.Pin))
 }
 
 func factsOf(f plan.Facts) Facts {

@@ -71,7 +71,7 @@ func (p *pass) controlPlaneGate(ctx context.Context, obs Observation, pl plan.Pl
 	}
 	b := wait.Budget{Total: p.Budgets.ControlPlaneHealth, Interval: 2 * time.Second, PerAttempt: 4 * p.Budgets.APIRequest}
 	err = wait.Poll(ctx, p.Clock, b, "wait for a healthy control plane", func(ctx context.Context) (bool, error) {
-		if _, why := plan.DecideHealth(ObserveHealth(ctx, p.Root, admin, p.etcdHealthy, apply, cluster, pin)); why != "" {
+		if _, why := plan.DecideHealth(ObserveHealth(ctx, p.Root, admin, self, p.etcdHealthy, apply, cluster, pin)); why != "" {
 			return false, errors.New(why)
 		}
 		return true, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -24,6 +25,10 @@ import (
 // on pkg/plan's DecideTurn and DecideHealth) and `provider-kubernetes
 // preflight` (which refuses on them).
 
+// reasonCode is what a published reason must look like to be shown: a
+// CamelCase code such as KubeadmFailed.
+var reasonCode = regexp.MustCompile(`^[A-Z][A-Za-z0-9]{0,63}$`)
+
 // EventControlPlaneTurn: a control plane's wait for its turn before its
 // kubeadm upgrade.
 const EventControlPlaneTurn = "control-plane-turn"
@@ -38,8 +43,14 @@ func ControlPlanePeers(ctx context.Context, admin *kube.Client, now time.Time) (
 	}
 	out := make([]plan.Peer, 0, len(recs))
 	for _, r := range recs {
+		phase := r.Annotations[status.AnnotationPrefix+status.KeyPhase]
 		p := plan.Peer{Name: r.Name, Ready: r.Ready, NotReady: r.NotReady, NoCNI: r.NoCNI,
-			Upgrading: r.Annotations[status.AnnotationPrefix+status.KeyPhase] == status.PhaseUpgrading}
+			Upgrading: phase == status.PhaseUpgrading, Failed: phase == status.PhaseFailed}
+		// A peer's reason is shown only when it is a reason code; anything
+		// else it published is not repeated.
+		if reason := r.Annotations[status.AnnotationPrefix+status.KeyReason]; p.Failed && reasonCode.MatchString(reason) {
+			p.FailedReason = reason
+		}
 		if t, err := time.Parse(time.RFC3339, r.Annotations[status.AnnotationPrefix+status.KeyTime]); err == nil {
 			p.Age, p.AgeKnown = now.Sub(t), true
 		}
@@ -60,13 +71,14 @@ func ObserveTurn(ctx context.Context, admin *kube.Client, self string, raised bo
 	return f
 }
 
-// ObserveHealth observes what plan.DecideHealth decides on: the cluster
-// endpoint's /readyz (admin.conf points at it), the control-plane Nodes,
+// ObserveHealth observes what plan.DecideHealth decides on for the control
+// plane self: the cluster endpoint's /readyz (admin.conf points at it), the
+// control-plane Nodes (readiness, and whose last pass failed),
 // every member of a stacked etcd (etcdHealthy: one attempt), and for an
 // apply every apiserver serving the cluster's version (or the pin, on a
 // node resuming its own apply) and Ready.
-func ObserveHealth(ctx context.Context, root paths.Root, admin *kube.Client, etcdHealthy func(context.Context) error, apply bool, cluster, pin version.Version) plan.HealthFacts {
-	var f plan.HealthFacts
+func ObserveHealth(ctx context.Context, root paths.Root, admin *kube.Client, self string, etcdHealthy func(context.Context) error, apply bool, cluster, pin version.Version) plan.HealthFacts {
+	f := plan.HealthFacts{Self: self}
 	if err := admin.Readyz(ctx); err != nil {
 		f.EndpointErr = err.Error()
 	}

@@ -45,6 +45,11 @@ const (
 	// ControlPlanesBehind: an apiserver is not at the version the upgrade
 	// needs (a worker's target, the cluster's version before an apply).
 	ControlPlanesBehind Code = "ControlPlanesBehind"
+	// ControlPlaneFailed: another control plane's last pass failed (its
+	// published phase is Failed): it may have stopped part-way through its
+	// own upgrade, and a second control plane's upgrade would restart a
+	// second etcd member and apiserver while the first is in doubt.
+	ControlPlaneFailed Code = "ControlPlaneFailed"
 	// ClusterStateUnknown: what the gate decides on could not be read.
 	ClusterStateUnknown Code = "ClusterStateUnknown"
 	// PinBehindImage: the image about to be swapped in bundles a newer
@@ -77,6 +82,10 @@ type Peer struct {
 	NoCNI bool
 	// Upgrading: its published phase is Upgrading (its turn flag).
 	Upgrading bool
+	// Failed: its published phase is Failed; FailedReason is the reason
+	// code it published, "" when none or not a code.
+	Failed       bool
+	FailedReason string
 	// Age is how long ago that phase was published; AgeKnown is false when
 	// its time cannot be read (then it counts, whatever its age).
 	Age      time.Duration
@@ -171,6 +180,9 @@ func DecideTurn(f TurnFacts) Turn {
 // HealthFacts are what the cluster's readiness for this control plane's
 // upgrade is decided on. An empty error string means read and fine.
 type HealthFacts struct {
+	// Self is this node's Node name: its own entry in Peers is not held
+	// against it (its own last pass may have failed).
+	Self string
 	// EndpointErr: the cluster endpoint's /readyz.
 	EndpointErr string
 	// Peers are the control-plane Nodes (PeersErr: why they cannot be read).
@@ -214,6 +226,20 @@ func DecideHealth(f HealthFacts) (Code, string) {
 	if len(notReady) > 0 {
 		sort.Strings(notReady)
 		block(ControlPlaneNotReady, "control-plane Node not Ready: %s", strings.Join(notReady, ", "))
+	}
+	var failed []string
+	for _, p := range f.Peers {
+		if p.Failed && p.Name != f.Self {
+			why := "no reason code published"
+			if p.FailedReason != "" {
+				why = p.FailedReason
+			}
+			failed = append(failed, p.Name+" ("+why+")")
+		}
+	}
+	if len(failed) > 0 {
+		sort.Strings(failed)
+		block(ControlPlaneFailed, "the last pass of control plane %s failed: it may have stopped part-way through its own upgrade; bring it back to Converged (its next boot, or reset and rejoin it) before another control plane upgrades", strings.Join(failed, ", "))
 	}
 	if f.EtcdChecked && f.EtcdErr != "" {
 		block(EtcdUnhealthy, "%s", f.EtcdErr)

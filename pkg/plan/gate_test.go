@@ -75,6 +75,11 @@ func TestDecideHealth(t *testing.T) {
 		{"etcd", HealthFacts{Peers: ready, EtcdChecked: true, EtcdErr: "etcd members unhealthy: cp3: connection refused"}, EtcdUnhealthy, "etcd members unhealthy: cp3: connection refused"},
 		{"apiservers behind", HealthFacts{Peers: ready, Needs: "the cluster's v1.36.3", Behind: []string{"cp2 (10.0.0.12:6443) at v1.35.4"}},
 			ControlPlanesBehind, "control planes not at the cluster's v1.36.3: cp2 (10.0.0.12:6443) at v1.35.4"},
+		{"another control plane failed", HealthFacts{Self: "cp2", Peers: []Peer{down("cp1"), down("cp2"), {Name: "cp3", Ready: true, Failed: true, FailedReason: "KubeadmFailed"}}},
+			ControlPlaneFailed, "the last pass of control plane cp3 (KubeadmFailed) failed: it may have stopped part-way through its own upgrade"},
+		{"a failed peer without a code", HealthFacts{Self: "cp2", Peers: []Peer{{Name: "cp1", Ready: true, Failed: true}}},
+			ControlPlaneFailed, "cp1 (no reason code published)"},
+		{"this node's own failed pass is not held against it", HealthFacts{Self: "cp2", Peers: []Peer{down("cp1"), {Name: "cp2", Ready: true, Failed: true, FailedReason: "HealthGateTimeout"}}}, "", ""},
 		{"nodes unreadable", HealthFacts{PeersErr: "403"}, ClusterStateUnknown, "the control-plane Nodes cannot be read: 403"},
 		{"apiservers unreadable", HealthFacts{Peers: ready, BehindErr: "endpoints: 403"}, ClusterStateUnknown, "the apiservers cannot be asked: endpoints: 403"},
 		// Every blocker is named; the first one's code is the refusal.
