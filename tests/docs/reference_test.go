@@ -15,6 +15,7 @@ import (
 
 	pluggable "github.com/mudler/go-pluggable"
 
+	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/publish"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
@@ -295,5 +296,25 @@ func TestReferenceNodeCondition(t *testing.T) {
 	}
 	if !strings.Contains(oneLine(sec), "the condition `"+publish.ConditionType+"`") {
 		t.Errorf("docs/reference.md does not name the condition %s", publish.ConditionType)
+	}
+}
+
+// upgrade.md's version table is images/versions.yaml, row for row.
+func TestUpgradeVersionTable(t *testing.T) {
+	rows := tableRows(section(t, read(t, "upgrade.md"), "## What each image bundles"))
+	m := images.Get()
+	if len(rows) != len(m.Minors) {
+		t.Errorf("upgrade.md's table has %d image rows, versions.yaml %d minors", len(rows), len(m.Minors))
+	}
+	for _, e := range m.Minors {
+		row, ok := rows[e.ImageTag]
+		if !ok {
+			t.Errorf("upgrade.md's table has no row for %s", e.ImageTag)
+			continue
+		}
+		want := []string{"`" + e.ImageTag + "`", e.Kubernetes, e.Etcd, e.CoreDNS, e.Pause}
+		if strings.Join(row, "|") != strings.Join(want, "|") {
+			t.Errorf("upgrade.md's row for %s is %q, versions.yaml says %q", e.ImageTag, row, want)
+		}
 	}
 }
