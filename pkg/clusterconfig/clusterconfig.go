@@ -89,7 +89,11 @@ func Parse(b []byte) (*Cluster, error) {
 	if doc.Kind == 0 || len(doc.Content) == 0 || isNull(doc.Content[0]) {
 		return nil, fmt.Errorf("%w: empty", ErrInvalid)
 	}
-	return fromNode(doc.Content[0])
+	c, problems := fromNode(doc.Content[0])
+	if len(problems) > 0 {
+		return nil, problems[0]
+	}
+	return c, nil
 }
 
 // ParseCloudConfig reads the cluster: section of a whole cloud-config, as
@@ -97,19 +101,38 @@ func Parse(b []byte) (*Cluster, error) {
 // returns the section's own YAML (what the boot stage writes to the
 // cluster file) and nil, nil, nil when there is no cluster: section.
 func ParseCloudConfig(b []byte) (*Cluster, []byte, error) {
+	c, section, problems := parseCloudConfig(b)
+	if len(problems) > 0 {
+		return nil, nil, problems[0]
+	}
+	return c, section, nil
+}
+
+// ParseCloudConfigProblems is ParseCloudConfig listing every problem of
+// the section's keys, not only the first (the one ParseCloudConfig
+// returns); nil, nil when there is no cluster: section.
+func ParseCloudConfigProblems(b []byte) (*Cluster, []error) {
+	c, _, problems := parseCloudConfig(b)
+	return c, problems
+}
+
+func parseCloudConfig(b []byte) (*Cluster, []byte, []error) {
+	one := func(format string, a ...any) (*Cluster, []byte, []error) {
+		return nil, nil, []error{fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, a...)...)}
+	}
 	if len(b) > MaxEventConfig {
-		return nil, nil, fmt.Errorf("%w: the cloud-config is %d bytes, limit %d", ErrInvalid, len(b), MaxEventConfig)
+		return one("the cloud-config is %d bytes, limit %d", len(b), MaxEventConfig)
 	}
 	var doc yaml3.Node
 	if err := yaml3.Unmarshal(b, &doc); err != nil {
-		return nil, nil, fmt.Errorf("%w: the cloud-config is not YAML: %s", ErrInvalid, RedactYAMLError(err))
+		return one("the cloud-config is not YAML: %s", RedactYAMLError(err))
 	}
 	if doc.Kind == 0 || len(doc.Content) == 0 || isNull(doc.Content[0]) {
 		return nil, nil, nil
 	}
 	top := doc.Content[0]
 	if top.Kind != yaml3.MappingNode {
-		return nil, nil, fmt.Errorf("%w: the cloud-config is not a map of keys", ErrInvalid)
+		return one("the cloud-config is not a map of keys")
 	}
 	var section *yaml3.Node
 	for i := 0; i+1 < len(top.Content); i += 2 {
@@ -121,18 +144,18 @@ func ParseCloudConfig(b []byte) (*Cluster, []byte, error) {
 		return nil, nil, nil
 	}
 	if section.Kind != yaml3.MappingNode {
-		return nil, nil, fmt.Errorf("%w: cluster: must be a map of the cluster keys", ErrInvalid)
+		return one("cluster: must be a map of the cluster keys")
 	}
-	c, err := fromNode(section)
-	if err != nil {
-		return nil, nil, err
+	c, problems := fromNode(section)
+	if len(problems) > 0 {
+		return nil, nil, problems
 	}
 	out, err := yaml3.Marshal(section)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: cluster: %s", ErrInvalid, RedactYAMLError(err))
+		return one("cluster: %s", RedactYAMLError(err))
 	}
 	if len(out) > MaxSize {
-		return nil, nil, fmt.Errorf("%w: cluster: is %d bytes, limit %d", ErrInvalid, len(out), MaxSize)
+		return one("cluster: is %d bytes, limit %d", len(out), MaxSize)
 	}
 	return c, out, nil
 }
@@ -141,27 +164,30 @@ func ParseCloudConfig(b []byte) (*Cluster, []byte, error) {
 const MaxEventConfig = 8 << 20
 
 // fromNode checks the kinds of the keys the provider reads, then decodes
-// the section with kairos-sdk's own type.
-func fromNode(n *yaml3.Node) (*Cluster, error) {
+// the section with kairos-sdk's own type. Every key's problem is listed,
+// in the section's order.
+func fromNode(n *yaml3.Node) (*Cluster, []error) {
 	if n.Kind != yaml3.MappingNode {
-		return nil, fmt.Errorf("%w: the cluster section is not a map of keys", ErrInvalid)
+		return nil, []error{fmt.Errorf("%w: the cluster section is not a map of keys", ErrInvalid)}
 	}
+	var problems []error
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i].Value, n.Content[i+1]
 		if why, ok := unsupported[k]; ok && !isNull(v) {
-			return nil, fmt.Errorf("%w: %s is a key of Kairos's cluster schema that provider-kubernetes does not use (%s): remove it", ErrInvalid, k, why)
+			problems = append(problems, fmt.Errorf("%w: %s is a key of Kairos's cluster schema that provider-kubernetes does not use (%s): remove it", ErrInvalid, k, why))
 		}
 		want, ok := keyKinds[k]
 		if !ok || isNull(v) {
 			continue
 		}
-		if err := checkKind(k, want, v); err != nil {
-			return nil, err
-		}
+		problems = append(problems, checkKind(k, want, v)...)
+	}
+	if len(problems) > 0 {
+		return nil, problems
 	}
 	var s sdk.Cluster
 	if err := n.Decode(&s); err != nil {
-		return nil, fmt.Errorf("%w: %s", ErrInvalid, RedactYAMLError(err))
+		return nil, []error{fmt.Errorf("%w: %s", ErrInvalid, RedactYAMLError(err))}
 	}
 	return &Cluster{
 		ClusterToken:     s.ClusterToken,
@@ -173,13 +199,16 @@ func fromNode(n *yaml3.Node) (*Cluster, error) {
 	}, nil
 }
 
-func checkKind(key, want string, v *yaml3.Node) error {
-	bad := func(got string) error {
+// checkKind lists what is wrong with the kind of key's value: nothing, one
+// problem, or one per bad entry of a map or list.
+func checkKind(key, want string, v *yaml3.Node) []error {
+	bad := func(got string) []error {
 		if key == "config" {
-			return fmt.Errorf("%w: config must be a YAML string holding the kubeadm documents by key (write config: | and indent them), got %s", ErrInvalid, got)
+			return []error{fmt.Errorf("%w: config must be a YAML string holding the kubeadm documents by key (write config: | and indent them), got %s", ErrInvalid, got)}
 		}
-		return fmt.Errorf("%w: %s must be %s, got %s", ErrInvalid, key, want, got)
+		return []error{fmt.Errorf("%w: %s must be %s, got %s", ErrInvalid, key, want, got)}
 	}
+	var problems []error
 	switch want {
 	case "a string":
 		if !isString(v) {
@@ -195,9 +224,9 @@ func checkKind(key, want string, v *yaml3.Node) error {
 				keys = append(keys, ShownKey(v.Content[i].Value, providerConfigKeys()))
 			}
 		}
-		if len(keys) > 0 {
-			sort.Strings(keys)
-			return fmt.Errorf("%w: %s is a flat map of strings (Kairos's schema); the value of %s is not a string", ErrInvalid, key, keys[0])
+		sort.Strings(keys)
+		for _, k := range keys {
+			problems = append(problems, fmt.Errorf("%w: %s is a flat map of strings (Kairos's schema); the value of %s is not a string", ErrInvalid, key, k))
 		}
 	case "a list of strings":
 		if v.Kind != yaml3.SequenceNode {
@@ -205,11 +234,11 @@ func checkKind(key, want string, v *yaml3.Node) error {
 		}
 		for i, item := range v.Content {
 			if !isString(item) {
-				return fmt.Errorf("%w: %s[%d] must be a string", ErrInvalid, key, i)
+				problems = append(problems, fmt.Errorf("%w: %s[%d] must be a string", ErrInvalid, key, i))
 			}
 		}
 	}
-	return nil
+	return problems
 }
 
 func isNull(n *yaml3.Node) bool {

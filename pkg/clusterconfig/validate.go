@@ -93,38 +93,46 @@ func (k *Kubeadm) Documents() map[string]map[string]any {
 // The first problem is returned, naming its key and never quoting a secret.
 // It returns the parsed config string on success.
 func (c *Cluster) Validate() (*Kubeadm, error) {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
+	k, problems := c.Problems()
+	if len(problems) > 0 {
+		return nil, problems[0]
+	}
+	return k, nil
+}
+
+// Problems is every problem Validate finds, in the order it checks (the
+// first is the one Validate returns), each wrapping ErrInvalid, and the
+// parsed config string when it parses.
+func (c *Cluster) Problems() (*Kubeadm, []error) {
+	var problems []error
+	bad := func(format string, a ...any) {
+		problems = append(problems, fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...)))
 	}
 	switch c.Role {
 	case "":
-		return nil, bad("role is missing: set role: init, controlplane or worker")
+		bad("role is missing: set role: init, controlplane or worker")
 	case RoleInit, RoleControlPlane, RoleWorker:
 	default:
-		return nil, bad("role is not init, controlplane or worker")
+		bad("role is not init, controlplane or worker")
 	}
 	if err := TokenStrength(c.ClusterToken); err != nil {
-		return nil, err
+		problems = append(problems, err)
 	}
 	if c.ControlPlaneHost == "" {
-		return nil, bad("control_plane_host is missing: set the address (host or host:port) every node reaches the API at")
-	}
-	if _, err := Endpoint(c.ControlPlaneHost); err != nil {
-		return nil, bad("control_plane_host: %v", err)
+		bad("control_plane_host is missing: set the address (host or host:port) every node reaches the API at")
+	} else if _, err := Endpoint(c.ControlPlaneHost); err != nil {
+		bad("control_plane_host: %v", err)
 	}
 	for i, pemText := range c.CACerts {
 		if _, err := CertHashes(pemText); err != nil {
-			return nil, bad("ca_certs[%d]: %v", i, err)
+			bad("ca_certs[%d]: %v", i, err)
 		}
 	}
 	k, err := c.Kubeadm()
 	if err != nil {
-		return nil, err
+		return nil, append(problems, err)
 	}
-	if err := k.validate(); err != nil {
-		return nil, err
-	}
-	return k, nil
+	return k, append(problems, k.problems()...)
 }
 
 // TokenStrength refuses a cluster token too weak to derive secrets from.
@@ -208,9 +216,16 @@ func SPKIHash(cert *x509.Certificate) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-func (k *Kubeadm) validate() error {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: config: %s", ErrInvalid, fmt.Sprintf(format, a...))
+// problems lists every problem of the kubeadm documents.
+func (k *Kubeadm) problems() []error {
+	var problems []error
+	bad := func(format string, a ...any) {
+		problems = append(problems, fmt.Errorf("%w: config: %s", ErrInvalid, fmt.Sprintf(format, a...)))
+	}
+	check := func(err error) {
+		if err != nil {
+			bad("%v", err)
+		}
 	}
 	docs := k.Documents()
 	for _, d := range documents {
@@ -219,29 +234,27 @@ func (k *Kubeadm) validate() error {
 			continue
 		}
 		if v, ok := doc["apiVersion"]; ok && v != d.apiVersion {
-			return bad("%s.apiVersion must be %s (or left out)", d.key, d.apiVersion)
+			bad("%s.apiVersion must be %s (or left out)", d.key, d.apiVersion)
 		}
 		if v, ok := doc["kind"]; ok && v != d.kind {
-			return bad("%s.kind must be %s (or left out)", d.key, d.kind)
+			bad("%s.kind must be %s (or left out)", d.key, d.kind)
 		}
 	}
-	pin, err := k.Pin()
-	if err != nil {
-		return err
-	}
-	if pin == "" {
-		return bad("clusterConfiguration.kubernetesVersion is missing: pin an exact version such as v1.37.2")
-	}
-	if _, err := version.Parse(pin); err != nil {
-		return bad("clusterConfiguration.kubernetesVersion is not an exact vMAJOR.MINOR.PATCH release such as v1.37.2")
+	switch pin, err := k.Pin(); {
+	case err != nil:
+		problems = append(problems, err)
+	case pin == "":
+		bad("clusterConfiguration.kubernetesVersion is missing: pin an exact version such as v1.37.2")
+	default:
+		if _, err := version.Parse(pin); err != nil {
+			bad("clusterConfiguration.kubernetesVersion is not an exact vMAJOR.MINOR.PATCH release such as v1.37.2")
+		}
 	}
 	if v, ok := k.ClusterConfiguration["controlPlaneEndpoint"]; ok {
-		s, isStr := v.(string)
-		if !isStr {
-			return bad("clusterConfiguration.controlPlaneEndpoint must be a string")
-		}
-		if _, err := Endpoint(s); err != nil {
-			return bad("clusterConfiguration.controlPlaneEndpoint: %v", err)
+		if s, isStr := v.(string); !isStr {
+			bad("clusterConfiguration.controlPlaneEndpoint must be a string")
+		} else if _, err := Endpoint(s); err != nil {
+			bad("clusterConfiguration.controlPlaneEndpoint: %v", err)
 		}
 	}
 
@@ -249,86 +262,80 @@ func (k *Kubeadm) validate() error {
 	if raw, ok := k.InitConfiguration["bootstrapTokens"]; ok {
 		list, isList := raw.([]any)
 		if !isList {
-			return bad("initConfiguration.bootstrapTokens must be a list")
+			bad("initConfiguration.bootstrapTokens must be a list")
 		}
 		for i, item := range list {
 			m, isMap := item.(map[string]any)
 			if !isMap {
-				return bad("initConfiguration.bootstrapTokens[%d] must be a map", i)
+				bad("initConfiguration.bootstrapTokens[%d] must be a map", i)
+				continue
 			}
-			if err := checkToken(m["token"], fmt.Sprintf("initConfiguration.bootstrapTokens[%d].token", i), true); err != nil {
-				return bad("%v", err)
-			}
-			if err := checkTTL(m["ttl"], fmt.Sprintf("initConfiguration.bootstrapTokens[%d].ttl", i)); err != nil {
-				return bad("%v", err)
-			}
+			check(checkToken(m["token"], fmt.Sprintf("initConfiguration.bootstrapTokens[%d].token", i), true))
+			check(checkTTL(m["ttl"], fmt.Sprintf("initConfiguration.bootstrapTokens[%d].ttl", i)))
 			if _, ok := m["expires"]; ok {
-				return bad("initConfiguration.bootstrapTokens[%d].expires is not supported: use ttl (at most %s)", i, MaxTokenTTL)
+				bad("initConfiguration.bootstrapTokens[%d].expires is not supported: use ttl (at most %s)", i, MaxTokenTTL)
 			}
 		}
 	}
-	if err := checkCertKey(k.InitConfiguration["certificateKey"], "initConfiguration.certificateKey"); err != nil {
-		return bad("%v", err)
-	}
+	check(checkCertKey(k.InitConfiguration["certificateKey"], "initConfiguration.certificateKey"))
 
 	// joinConfiguration: discovery always pins the CA.
-	if jc := k.JoinConfiguration; jc != nil {
-		if v, ok := jc["discovery"]; ok {
-			disc, isMap := v.(map[string]any)
-			if !isMap {
-				return bad("joinConfiguration.discovery must be a map")
-			}
-			if _, ok := lookupFold(disc, "file"); ok {
-				return bad("joinConfiguration.discovery.file is not supported: the provider joins with bootstrap token discovery pinned by caCertHashes")
-			}
-			if err := checkToken(disc["tlsBootstrapToken"], "joinConfiguration.discovery.tlsBootstrapToken", false); err != nil {
-				return bad("%v", err)
-			}
-			if v, ok := disc["bootstrapToken"]; ok {
-				bt, isMap := v.(map[string]any)
-				if !isMap {
-					return bad("joinConfiguration.discovery.bootstrapToken must be a map")
-				}
-				if skip, ok := lookupFold(bt, "unsafeSkipCAVerification"); ok && skip != false {
-					return bad("joinConfiguration.discovery.bootstrapToken.unsafeSkipCAVerification must not be set: the provider never joins without pinning the cluster CA")
-				}
-				if err := checkToken(bt["token"], "joinConfiguration.discovery.bootstrapToken.token", false); err != nil {
-					return bad("%v", err)
-				}
-				if ep, ok := bt["apiServerEndpoint"]; ok {
-					s, isStr := ep.(string)
-					if !isStr {
-						return bad("joinConfiguration.discovery.bootstrapToken.apiServerEndpoint must be a string")
-					}
-					if _, err := Endpoint(s); err != nil {
-						return bad("joinConfiguration.discovery.bootstrapToken.apiServerEndpoint: %v", err)
-					}
-				}
-				if hs, ok := bt["caCertHashes"]; ok {
-					list, isList := hs.([]any)
-					if !isList {
-						return bad("joinConfiguration.discovery.bootstrapToken.caCertHashes must be a list")
-					}
-					for i, h := range list {
-						s, isStr := h.(string)
-						if !isStr || !ValidCAHash(s) {
-							return bad("joinConfiguration.discovery.bootstrapToken.caCertHashes[%d] is not sha256:<64 lowercase hex digits>", i)
-						}
-					}
-				}
-			}
+	jc := k.JoinConfiguration
+	if v, ok := jc["discovery"]; ok {
+		if disc, isMap := v.(map[string]any); !isMap {
+			bad("joinConfiguration.discovery must be a map")
+		} else {
+			discoveryProblems(disc, bad, check)
 		}
-		if v, ok := jc["controlPlane"]; ok && v != nil {
-			cp, isMap := v.(map[string]any)
-			if !isMap {
-				return bad("joinConfiguration.controlPlane must be a map")
-			}
-			if err := checkCertKey(cp["certificateKey"], "joinConfiguration.controlPlane.certificateKey"); err != nil {
-				return bad("%v", err)
+	}
+	if v, ok := jc["controlPlane"]; ok && v != nil {
+		if cp, isMap := v.(map[string]any); !isMap {
+			bad("joinConfiguration.controlPlane must be a map")
+		} else {
+			check(checkCertKey(cp["certificateKey"], "joinConfiguration.controlPlane.certificateKey"))
+		}
+	}
+	return problems
+}
+
+// discoveryProblems reports, through bad and check, every problem of
+// joinConfiguration.discovery.
+func discoveryProblems(disc map[string]any, bad func(string, ...any), check func(error)) {
+	if _, ok := lookupFold(disc, "file"); ok {
+		bad("joinConfiguration.discovery.file is not supported: the provider joins with bootstrap token discovery pinned by caCertHashes")
+	}
+	check(checkToken(disc["tlsBootstrapToken"], "joinConfiguration.discovery.tlsBootstrapToken", false))
+	v, ok := disc["bootstrapToken"]
+	if !ok {
+		return
+	}
+	bt, isMap := v.(map[string]any)
+	if !isMap {
+		bad("joinConfiguration.discovery.bootstrapToken must be a map")
+		return
+	}
+	if skip, ok := lookupFold(bt, "unsafeSkipCAVerification"); ok && skip != false {
+		bad("joinConfiguration.discovery.bootstrapToken.unsafeSkipCAVerification must not be set: the provider never joins without pinning the cluster CA")
+	}
+	check(checkToken(bt["token"], "joinConfiguration.discovery.bootstrapToken.token", false))
+	if ep, ok := bt["apiServerEndpoint"]; ok {
+		if s, isStr := ep.(string); !isStr {
+			bad("joinConfiguration.discovery.bootstrapToken.apiServerEndpoint must be a string")
+		} else if _, err := Endpoint(s); err != nil {
+			bad("joinConfiguration.discovery.bootstrapToken.apiServerEndpoint: %v", err)
+		}
+	}
+	if hs, ok := bt["caCertHashes"]; ok {
+		list, isList := hs.([]any)
+		if !isList {
+			bad("joinConfiguration.discovery.bootstrapToken.caCertHashes must be a list")
+		}
+		for i, h := range list {
+			if s, isStr := h.(string); !isStr || !ValidCAHash(s) {
+				bad("joinConfiguration.discovery.bootstrapToken.caCertHashes[%d] is not sha256:<64 lowercase hex digits>", i)
 			}
 		}
 	}
-	return nil
 }
 
 func checkToken(v any, key string, required bool) error {

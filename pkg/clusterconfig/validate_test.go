@@ -214,3 +214,48 @@ func TestErrorsNeverQuoteAValueFromTheSection(t *testing.T) {
 		})
 	}
 }
+
+// Problems lists every problem, not only the first; Validate returns the
+// first of them.
+func TestProblemsListsEveryProblem(t *testing.T) {
+	in := "cluster_token: short\nrole: leader\nconfig: |\n  clusterConfiguration:\n    kubernetesVersion: v1.37\n" +
+		"  initConfiguration:\n    certificateKey: nothex\n" +
+		"  joinConfiguration:\n    discovery:\n      bootstrapToken:\n        unsafeSkipCAVerification: true\n        caCertHashes: [sha256:0, sha256:1]\n"
+	c, err := Parse([]byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, problems := c.Problems()
+	want := []string{"role is not init", "cluster_token is too short", "control_plane_host is missing",
+		"kubernetesVersion is not an exact", "initConfiguration.certificateKey", "unsafeSkipCAVerification",
+		"caCertHashes[0]", "caCertHashes[1]"}
+	if len(problems) != len(want) {
+		t.Fatalf("%d problems, want %d: %v", len(problems), len(want), problems)
+	}
+	for i, w := range want {
+		if !errors.Is(problems[i], ErrInvalid) || !strings.Contains(problems[i].Error(), w) {
+			t.Errorf("problem %d: %v, want %q", i, problems[i], w)
+		}
+	}
+	if _, err := c.Validate(); err == nil || err.Error() != problems[0].Error() {
+		t.Fatalf("Validate: %v, want the first problem %v", err, problems[0])
+	}
+}
+
+// Every bad key of the section is listed; the first is Parse's error.
+func TestParseCloudConfigProblemsListsEveryKey(t *testing.T) {
+	in := "#cloud-config\ncluster:\n  role: [init]\n  env: {A: b}\n  config:\n    clusterConfiguration: {}\n  ca_certs: [1, x, 2]\n"
+	c, problems := ParseCloudConfigProblems([]byte(in))
+	want := []string{"role must be a string", "env is a key", "config must be a YAML string", "ca_certs[0]", "ca_certs[2]"}
+	if c != nil || len(problems) != len(want) {
+		t.Fatalf("%v, %d problems, want %d: %v", c, len(problems), len(want), problems)
+	}
+	for i, w := range want {
+		if !strings.Contains(problems[i].Error(), w) {
+			t.Errorf("problem %d: %v, want %q", i, problems[i], w)
+		}
+	}
+	if _, _, err := ParseCloudConfig([]byte(in)); err == nil || err.Error() != problems[0].Error() {
+		t.Fatalf("ParseCloudConfig: %v, want %v", err, problems[0])
+	}
+}
