@@ -157,8 +157,25 @@ func BudgetKeys() []string {
 // WithOverrides applies providerConfig's budget keys ("budget.<name>": a
 // positive Go duration). Every key of providerConfig must be one of them;
 // errors name the key and the expected form, never the value (the plugin
-// refuses a bad one at boot with this same check).
+// refuses a bad one at boot with this same check). The error is the first
+// of OverrideProblems.
 func (b Budgets) WithOverrides(providerConfig map[string]string) (Budgets, error) {
+	nb, problems := b.withOverrides(providerConfig)
+	if len(problems) > 0 {
+		return b, problems[0]
+	}
+	return nb, nil
+}
+
+// OverrideProblems is every problem WithOverrides finds in providerConfig,
+// in its order: each key's, then the bounds on the budgets it set.
+func (b Budgets) OverrideProblems(providerConfig map[string]string) []error {
+	_, problems := b.withOverrides(providerConfig)
+	return problems
+}
+
+func (b Budgets) withOverrides(providerConfig map[string]string) (Budgets, []error) {
+	var problems []error
 	fields := b.fields()
 	keys := make([]string, 0, len(providerConfig))
 	for k := range providerConfig {
@@ -169,26 +186,29 @@ func (b Budgets) WithOverrides(providerConfig map[string]string) (Budgets, error
 		name, isBudget := strings.CutPrefix(k, BudgetKeyPrefix)
 		f, ok := fields[name]
 		if !isBudget || !ok {
-			return b, fmt.Errorf("%w: providerConfig has an unknown key, %s: the keys are %s (a Go duration each, e.g. budget.verify: 6m)",
-				ErrProviderConfig, clusterconfig.ShownKey(k, BudgetKeys()), strings.Join(BudgetKeys(), ", "))
+			problems = append(problems, fmt.Errorf("%w: providerConfig has an unknown key, %s: the keys are %s (a Go duration each, e.g. budget.verify: 6m)",
+				ErrProviderConfig, clusterconfig.ShownKey(k, BudgetKeys()), strings.Join(BudgetKeys(), ", ")))
+			continue
 		}
 		d, err := time.ParseDuration(strings.TrimSpace(providerConfig[k]))
 		if err != nil || d <= 0 {
-			return b, fmt.Errorf("%w: providerConfig %s is not a positive Go duration such as 90s or 10m", ErrProviderConfig, k)
+			problems = append(problems, fmt.Errorf("%w: providerConfig %s is not a positive Go duration such as 90s or 10m", ErrProviderConfig, k))
+			continue
 		}
 		// Each budget alone must fit the pass bound: this also keeps
 		// their sum far from int64's range.
 		if d > PassBound {
-			return b, fmt.Errorf("%w: providerConfig %s is above the pass bound of %s: every budget and their sum must fit it", ErrProviderConfig, k, PassBound)
+			problems = append(problems, fmt.Errorf("%w: providerConfig %s is above the pass bound of %s: every budget and their sum must fit it", ErrProviderConfig, k, PassBound))
+			continue
 		}
 		*f = d
 	}
 	if b.EtcdSnapshot > MaxEtcdSnapshot {
-		return b, fmt.Errorf("%w: providerConfig %s%s is above the snapshot step's bound of %s: it may be lowered, not raised",
-			ErrProviderConfig, BudgetKeyPrefix, "etcdSnapshot", MaxEtcdSnapshot)
+		problems = append(problems, fmt.Errorf("%w: providerConfig %s%s is above the snapshot step's bound of %s: it may be lowered, not raised",
+			ErrProviderConfig, BudgetKeyPrefix, "etcdSnapshot", MaxEtcdSnapshot))
 	}
 	if b.Total() > PassBound {
-		return b, fmt.Errorf("%w: the budgets add up to %s, above the pass bound of %s", ErrProviderConfig, b.Total(), PassBound)
+		problems = append(problems, fmt.Errorf("%w: the budgets add up to %s, above the pass bound of %s", ErrProviderConfig, b.Total(), PassBound))
 	}
-	return b, nil
+	return b, problems
 }

@@ -109,3 +109,25 @@ func TestBudgetNamesMatchClusterconfig(t *testing.T) {
 		t.Fatalf("clusterconfig.BudgetNames %v, the budgets %v", want, BudgetKeys())
 	}
 }
+
+// OverrideProblems lists every bad key and every bound crossed, in
+// WithOverrides's order; WithOverrides returns the first.
+func TestOverrideProblemsListsEveryKey(t *testing.T) {
+	pc := map[string]string{"budget.verify": "soon", "budget.nope": "1s", "budget.etcdSnapshot": "10m", "budget.localAPI": "30s"}
+	problems := DefaultBudgets().OverrideProblems(pc)
+	want := []string{"unknown key, a key of 11", "budget.verify is not a positive", "etcdSnapshot is above the snapshot step's bound"}
+	if len(problems) != len(want) {
+		t.Fatalf("%d problems, want %d: %v", len(problems), len(want), problems)
+	}
+	for i, w := range want {
+		if !errors.Is(problems[i], ErrProviderConfig) || !strings.Contains(problems[i].Error(), w) {
+			t.Errorf("problem %d: %v, want %q", i, problems[i], w)
+		}
+	}
+	if _, err := DefaultBudgets().WithOverrides(pc); err == nil || err.Error() != problems[0].Error() {
+		t.Fatalf("WithOverrides: %v, want %v", err, problems[0])
+	}
+	if p := DefaultBudgets().OverrideProblems(map[string]string{"budget.localAPI": "30s"}); p != nil {
+		t.Fatalf("a good providerConfig: %v", p)
+	}
+}
