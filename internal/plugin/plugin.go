@@ -192,13 +192,26 @@ func (o *Options) boot(e *pluggable.Event) pluggable.EventResponse {
 // values, providerConfig (a bad budget fails the boot step, it is not found
 // later by the pass), and what the bootstrap step will render must render
 // (a role conflict or a bad secret fails the boot step, not the reconcile).
+// The error is the first of Problems.
 func Check(c *clusterconfig.Cluster) (warnings []string, err error) {
-	if _, err := c.Validate(); err != nil {
-		return nil, err
+	warnings, problems := Problems(c)
+	if len(problems) > 0 {
+		return nil, problems[0]
 	}
-	if _, err := reconcile.DefaultBudgets().WithOverrides(c.ProviderConfig); err != nil {
-		return nil, err
+	return warnings, nil
+}
+
+// Problems is every problem Check finds (`provider-kubernetes validate`
+// lists them): the section's, then providerConfig's, then, for a section
+// with neither, what the bootstrap step would refuse to render.
+func Problems(c *clusterconfig.Cluster) (warnings []string, problems []error) {
+	_, problems = c.Problems()
+	problems = append(problems, reconcile.DefaultBudgets().OverrideProblems(c.ProviderConfig)...)
+	if len(problems) > 0 {
+		// The renderers validate the section first: they would repeat one of these.
+		return nil, problems
 	}
+	var err error
 	if c.Role == clusterconfig.RoleInit {
 		_, err = bootstrap.RenderInit(c)
 	} else {
@@ -208,7 +221,10 @@ func Check(c *clusterconfig.Cluster) (warnings []string, err error) {
 			return []string{"no CA pin (joinConfiguration.discovery.bootstrapToken.caCertHashes or cluster.ca_certs): a node that is not yet a member will refuse to join"}, nil
 		}
 	}
-	return nil, err
+	if err != nil {
+		return nil, []error{err}
+	}
+	return nil, nil
 }
 
 func (o *Options) onReset(ctx context.Context, _ *pluggable.Event) pluggable.EventResponse {
