@@ -70,7 +70,7 @@ func entry(ctx context.Context, argv []string, root string, stdin io.Reader, std
 		}
 		return servePlugin(ctx, paths.Root(root), argv[1], stdin, stdout, stderr)
 	}
-	return Main(ctx, argv[1:], stdout, stderr)
+	return Main(ctx, argv[1:], stdin, stdout, stderr)
 }
 
 func servePlugin(ctx context.Context, r paths.Root, event string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -92,8 +92,9 @@ func servePlugin(ctx context.Context, r paths.Root, event string, stdin io.Reade
 
 // Main runs the command line args and returns the exit code. With no
 // command it prints the overview on stderr and exits 2; help, -h and
-// --help print it on stdout.
-func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// --help print it on stdout. Only a command given - as its file reads
+// stdin (nil reads as empty).
+func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		overview(stderr)
 		return reconcile.ExitUsage
@@ -105,7 +106,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdVersion(ctx, args[1:], stdout, stderr)
 	}
 	if c, ok := lookup(args[0]); ok {
-		return c.run(ctx, args[1:], stdout, stderr)
+		return c.call(ctx, args[1:], stdin, stdout, stderr)
 	}
 	return usageError(stderr, "", "unknown command "+described(args[0]))
 }
@@ -146,6 +147,25 @@ func parse(fs *flagSet, args []string) (int, bool) {
 		return fs.usageError(fmt.Sprintf("--root must be an absolute path, got %q", f.Value.String())), false
 	}
 	return 0, true
+}
+
+// parseArg is parse for a command that takes one argument, before or
+// after its flags ("-", stdin, is an argument): the argument, "" when
+// there is none, and ok when the command goes on.
+func parseArg(fs *flagSet, args []string) (string, int, bool) {
+	arg := ""
+	if len(args) > 0 && (args[0] == "-" || !strings.HasPrefix(args[0], "-")) {
+		arg, args = args[0], args[1:]
+	} else {
+		if code, ok := parseFlags(fs, args); !ok {
+			return "", code, false
+		}
+		if args = fs.Args(); len(args) > 0 {
+			arg, args = args[0], args[1:]
+		}
+	}
+	code, ok := parse(fs, args)
+	return arg, code, ok
 }
 
 // parseFlags is parse without its checks of the arguments left and --root.

@@ -17,7 +17,7 @@ import (
 
 func run(args ...string) (int, string, string) {
 	var out, errb bytes.Buffer
-	code := Main(context.Background(), args, &out, &errb)
+	code := Main(context.Background(), args, nil, &out, &errb)
 	return code, out.String(), errb.String()
 }
 

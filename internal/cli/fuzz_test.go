@@ -67,7 +67,7 @@ func FuzzPlanOverHostFiles(f *testing.F) {
 		code := -1
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		testutil.Within(t, time.Minute, "plan", func() { code = Main(ctx, []string{"plan", "--root", n.Root}, &out, &errb) }, nil)
+		testutil.Within(t, time.Minute, "plan", func() { code = Main(ctx, []string{"plan", "--root", n.Root}, nil, &out, &errb) }, nil)
 		if code != 0 && code != 3 {
 			t.Fatalf("exit %d with %s holding %q:\n%s%s", code, target, data, out.String(), errb.String())
 		}

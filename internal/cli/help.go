@@ -17,31 +17,43 @@ import (
 type command struct {
 	name string
 	run  func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+	// runIn, when set, runs instead of run: a command that reads stdin.
+	runIn func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int
+}
+
+func (c command) call(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if c.runIn != nil {
+		return c.runIn(ctx, args, stdin, stdout, stderr)
+	}
+	return c.run(ctx, args, stdout, stderr)
 }
 
 // commands is the dispatch table, in the order the overview lists them.
 // Every entry has a help entry in helps (a test checks it).
 var commands = []command{
-	{"reconcile", cmdReconcile},
-	{"plan", cmdPlan},
-	{"preflight", cmdPreflight},
-	{"status", cmdStatus},
-	{"publish", cmdPublish},
-	{"drain", cmdDrain},
-	{"join-config", cmdJoinConfig},
-	{"reset", cmdReset},
-	{"etcd-snapshot", cmdEtcdSnapshot},
-	{"pin", func(_ context.Context, args []string, stdout, stderr io.Writer) int {
+	{name: "reconcile", run: cmdReconcile},
+	{name: "plan", run: cmdPlan},
+	{name: "preflight", run: cmdPreflight},
+	{name: "status", run: cmdStatus},
+	{name: "publish", run: cmdPublish},
+	{name: "drain", run: cmdDrain},
+	{name: "join-config", run: cmdJoinConfig},
+	{name: "reset", run: cmdReset},
+	{name: "etcd-snapshot", run: cmdEtcdSnapshot},
+	{name: "pin", run: func(_ context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdPin(args, stdout, stderr)
 	}},
-	{"restore-etcd", cmdRestoreEtcd},
-	{"collect-manifests", func(_ context.Context, args []string, stdout, stderr io.Writer) int {
+	{name: "validate", runIn: func(_ context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+		return cmdValidate(args, stdin, stdout, stderr)
+	}},
+	{name: "restore-etcd", run: cmdRestoreEtcd},
+	{name: "collect-manifests", run: func(_ context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdCollectManifests(args, stdout, stderr)
 	}},
-	{"prune-kubeadm-backups", cmdPruneKubeadmBackups},
-	{"migrate-units", cmdMigrateUnits},
-	{"import-images", cmdImportImages},
-	{"version", cmdVersion},
+	{name: "prune-kubeadm-backups", run: cmdPruneKubeadmBackups},
+	{name: "migrate-units", run: cmdMigrateUnits},
+	{name: "import-images", run: cmdImportImages},
+	{name: "version", run: cmdVersion},
 }
 
 func lookup(name string) (command, bool) {
@@ -154,6 +166,14 @@ var helps = map[string]commandHelp{
 		exits: []exitCode{{reconcile.ExitOK, "copied"}, {reconcile.ExitFailed, "failed"},
 			{reconcile.ExitRefused, "refused: a manifest is missing, or DIR is not new or empty (nothing copied)"}},
 	},
+	"validate": {
+		synopsis: []string{"validate [-o text|json] FILE"},
+		summary: "Check a Kairos cloud-config file offline with the checks agent.boot and the reconcile pass apply to its cluster: section (its header, keys, role, pin, " +
+			"providerConfig budgets, token strength, CA pin), and list every problem, one per line, never a value. FILE - reads stdin. Writes nothing.",
+		example: "validate /oem/90_custom.yaml",
+		exits:   []exitCode{{reconcile.ExitOK, "valid"}, {reconcile.ExitFailed, "invalid (every problem listed), or FILE could not be read"}},
+		usage:   "no FILE",
+	},
 	"prune-kubeadm-backups": {
 		synopsis: []string{"prune-kubeadm-backups [--keep N] [--root DIR]"},
 		summary:  "Remove all but the newest N of kubeadm's plaintext etcd copies in /etc/kubernetes/tmp, only when this node is verified at the cluster's version.",
@@ -263,7 +283,7 @@ func cmdHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return reconcile.ExitOK
 	case len(args) == 1:
 		if c, ok := lookup(args[0]); ok {
-			return c.run(ctx, []string{"--help"}, stdout, stderr)
+			return c.call(ctx, []string{"--help"}, nil, stdout, stderr)
 		}
 		return usageError(stderr, "help", "unknown command "+described(args[0]))
 	}

@@ -34,17 +34,13 @@ func cmdPin(args []string, stdout, stderr io.Writer) int {
 	}
 	// set's version is its one argument, before or after the flags.
 	arg := ""
-	if sub == "set" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		arg, args = args[0], args[1:]
-	} else if sub == "set" {
-		if code, ok := parseFlags(fs, args); !ok {
+	if sub == "set" {
+		var code int
+		var ok bool
+		if arg, code, ok = parseArg(fs, args); !ok {
 			return code
 		}
-		if args = fs.Args(); len(args) > 0 {
-			arg, args = args[0], args[1:]
-		}
-	}
-	if code, ok := parse(fs, args); !ok {
+	} else if code, ok := parse(fs, args); !ok {
 		return code
 	}
 	r := paths.Root(*root)

@@ -25,7 +25,7 @@ func TestUnitCommandLinesParse(t *testing.T) {
 			seen++
 			args := append(strings.Fields(rest), "--root", t.TempDir(), "unexpected-by-design")
 			var out, errb bytes.Buffer
-			code := Main(context.Background(), args, &out, &errb)
+			code := Main(context.Background(), args, nil, &out, &errb)
 			if code != 2 || !strings.Contains(errb.String(), "unexpected arguments: [unexpected-by-design]") {
 				t.Errorf("%s: %q exits %d: %s", u.Path, rest, code, errb.String())
 			}

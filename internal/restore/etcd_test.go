@@ -274,7 +274,7 @@ func (m *member) moveManifestsOut() {
 func (m *member) restoreEtcd(extra ...string) (int, string, string) {
 	args := append([]string{"restore-etcd", "--root", m.n.Root, "--snapshot", snapshotFile, "--manifests", stopped}, extra...)
 	var out, errb bytes.Buffer
-	code := cli.Main(context.Background(), args, &out, &errb)
+	code := cli.Main(context.Background(), args, nil, &out, &errb)
 	return code, out.String(), errb.String()
 }
 

@@ -396,7 +396,7 @@ func TestRestoreResetsWhatTheNextBootReads(t *testing.T) {
 	n.Write(paths.VerifiedRecord, "v1.37.2\n", 0o644)
 	plan := func() (int, string) {
 		var out, errb bytes.Buffer
-		code := cli.Main(context.Background(), []string{"plan", "--root", n.Root, "-o", "json", "--bundled", k8sVersion, "--cluster-version", k8sVersion}, &out, &errb)
+		code := cli.Main(context.Background(), []string{"plan", "--root", n.Root, "-o", "json", "--bundled", k8sVersion, "--cluster-version", k8sVersion}, nil, &out, &errb)
 		return code, out.String() + errb.String()
 	}
 	if code, out := plan(); code != reconcile.ExitRefused || !strings.Contains(out, `"refusal":"Downgrade"`) {
@@ -425,7 +425,7 @@ func TestRestoreResetsWhatTheNextBootReads(t *testing.T) {
 	n.Write(paths.APIServerManifest, testutil.APIServerManifest("v1.37.2"), 0o600)
 	n.ClusterFile("controlplane", "v1.37.2", "")
 	var out, errb bytes.Buffer
-	code := cli.Main(context.Background(), []string{"plan", "--root", n.Root, "-o", "json", "--bundled", "v1.37.2", "--cluster-version", "v1.37.2"}, &out, &errb)
+	code := cli.Main(context.Background(), []string{"plan", "--root", n.Root, "-o", "json", "--bundled", "v1.37.2", "--cluster-version", "v1.37.2"}, nil, &out, &errb)
 	if code != reconcile.ExitOK || !strings.Contains(out.String(), `"actions":["restart-kubelet","verify"]`) {
 		t.Fatalf("retried upgrade interrupted after kubeadm: exit %d %s %s", code, out.String(), errb.String())
 	}

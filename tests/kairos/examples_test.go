@@ -3,7 +3,6 @@ package kairos_test
 import (
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 
@@ -11,23 +10,16 @@ import (
 	yaml3 "gopkg.in/yaml.v3"
 
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 )
 
 // examplesDir holds the cloud-configs an operator copies, one per role.
 const examplesDir = "../../examples/cloud-config"
 
-var (
-	tokenPlaceholder = regexp.MustCompile(`(cluster_token: )<[^>\n]*>`)
-	pinPlaceholder   = regexp.MustCompile(`sha256:<[^>\n]*>`)
-)
-
 // fill replaces an example's placeholders as the operator does: the
 // cluster token and the CA pin.
-func fill(b []byte) []byte {
-	b = tokenPlaceholder.ReplaceAll(b, []byte("${1}"+chainToken))
-	return pinPlaceholder.ReplaceAll(b, []byte("sha256:"+strings.Repeat("ab", 32)))
-}
+func fill(b []byte) []byte { return testutil.FillExample(b, chainToken) }
 
 func examples(t *testing.T) map[string][]byte {
 	t.Helper()
