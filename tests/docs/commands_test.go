@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
 
 // reference.md's Commands table has a row for every command the binary's
@@ -74,6 +76,22 @@ func TestReferenceCommands(t *testing.T) {
 	for k := range doc {
 		if !strings.Contains(text, `"`+k+`"`) {
 			t.Errorf("version -o json prints %q: not in docs/reference.md's Commands", k)
+		}
+	}
+
+	// And `validate -o json`, of a valid file and of an invalid one.
+	for _, in := range []string{testutil.CloudConfig("init", "v1.37.2") + "  providerConfig:\n    budget.verify: 6m\n", "cluster: {}\n"} {
+		cmd := exec.Command(bin, "validate", "-o", "json", "-")
+		cmd.Stdin = strings.NewReader(in)
+		out, _ = cmd.Output()
+		doc = nil
+		if err := json.Unmarshal(out, &doc); err != nil || len(doc) == 0 {
+			t.Fatalf("validate -o json: %v\n%s", err, out)
+		}
+		for k := range doc {
+			if !strings.Contains(text, `"`+k+`"`) {
+				t.Errorf("validate -o json prints %q: not in docs/reference.md's Commands", k)
+			}
 		}
 	}
 

@@ -36,8 +36,10 @@ func TestUpgradePage(t *testing.T) {
 		// The pin bump, on the operator's cloud-config: the pin's
 		// characters change, nothing else (its comments, its quoting, the
 		// old version elsewhere in the file, its mode).
-		const cc = "#cloud-config\n# cp1, pinned with its image (was v1.36.3)\nhostname: cp1\ncluster:\n  role: init\n  config: |\n    clusterConfiguration:\n      kubernetesVersion: 'v1.36.3' # the pin\n" +
-			"    initConfiguration:\n      nodeRegistration:\n        name: cp1\nwrite_files:\n- path: /etc/motd\n  content: |\n    kubernetesVersion: v1.36.3\n"
+		const cc = "#cloud-config\n# cp1, pinned with its image (was v1.36.3)\nhostname: cp1\ncluster:\n  cluster_token: " + testutil.Token + "\n  control_plane_host: 10.0.0.11\n" +
+			"  role: init\n  config: |\n    clusterConfiguration:\n      kubernetesVersion: 'v1.36.3' # the pin\n" +
+			"    initConfiguration:\n      nodeRegistration:\n        name: cp1\n  providerConfig:\n    budget.kubeadmUpgrade: 20m\n" +
+			"write_files:\n- path: /etc/motd\n  content: |\n    kubernetesVersion: v1.36.3\n"
 		cp.Write("/oem/90_custom.yaml", cc, 0o640)
 		out = cp.docOK(p, "provider-kubernetes pin set")
 		if want := example(t, p, "provider-kubernetes pin set"); out != want {
@@ -51,6 +53,14 @@ func TestUpgradePage(t *testing.T) {
 		}
 		if ents, err := os.ReadDir(cp.Path("/oem")); err != nil || len(ents) != 1 {
 			t.Fatalf("the pin bump left in /oem: %v %v", ents, err)
+		}
+		// The edited file, checked as the boot will check it.
+		out = cp.docOK(p, "provider-kubernetes validate")
+		if want := example(t, p, "provider-kubernetes validate"); out != want {
+			t.Fatalf("docs/upgrade.md shows the check printing:\n%s\nit prints:\n%s", want, out)
+		}
+		if cp.Read("/oem/90_custom.yaml") != strings.Replace(cc, "'v1.36.3'", "'v1.37.2'", 1) || cp.Exists(paths.StatusFile) {
+			t.Fatal("the check changed the node")
 		}
 
 		// After: a control plane whose passes converged at 1.37.2, twice.
