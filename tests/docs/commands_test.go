@@ -50,50 +50,13 @@ func TestReferenceCommands(t *testing.T) {
 	}
 
 	text := oneLine(sec)
-	out, err = exec.Command(bin, "plan", "-o", "json", "--pin", "v1.37.2", "--bundled", "v1.37.2", "--node-version", "v1.36.3",
-		"--cluster-version", "v1.36.3", "--role", "init", "--member=true").Output()
-	if err != nil {
-		t.Fatalf("plan -o json: %v\n%s", err, out)
-	}
-	var doc map[string]json.RawMessage
-	if err := json.Unmarshal(out, &doc); err != nil {
-		t.Fatalf("plan -o json: %v\n%s", err, out)
-	}
-	for k := range doc {
-		if !strings.Contains(text, `"`+k+`"`) {
-			t.Errorf("plan -o json prints %q: not in docs/reference.md's Commands", k)
-		}
-	}
-	// So does `version -o json`.
-	out, err = exec.Command(bin, "version", "-o", "json").Output()
-	if err != nil {
-		t.Fatalf("version -o json: %v\n%s", err, out)
-	}
-	doc = nil
-	if err := json.Unmarshal(out, &doc); err != nil || len(doc) == 0 {
-		t.Fatalf("version -o json: %v\n%s", err, out)
-	}
-	for k := range doc {
-		if !strings.Contains(text, `"`+k+`"`) {
-			t.Errorf("version -o json prints %q: not in docs/reference.md's Commands", k)
-		}
-	}
-
-	// And `validate -o json`, of a valid file and of an invalid one.
-	for _, in := range []string{testutil.CloudConfig("init", "v1.37.2") + "  providerConfig:\n    budget.verify: 6m\n", "cluster: {}\n"} {
-		cmd := exec.Command(bin, "validate", "-o", "json", "-")
-		cmd.Stdin = strings.NewReader(in)
-		out, _ = cmd.Output()
-		doc = nil
-		if err := json.Unmarshal(out, &doc); err != nil || len(doc) == 0 {
-			t.Fatalf("validate -o json: %v\n%s", err, out)
-		}
-		for k := range doc {
-			if !strings.Contains(text, `"`+k+`"`) {
-				t.Errorf("validate -o json prints %q: not in docs/reference.md's Commands", k)
-			}
-		}
-	}
+	jsonKeysNamed(t, text, "", 0, bin, "plan", "-o", "json", "--pin", "v1.37.2", "--bundled", "v1.37.2", "--node-version", "v1.36.3",
+		"--cluster-version", "v1.36.3", "--role", "init", "--member=true")
+	// So does `version -o json`, and `validate -o json` of a valid file and
+	// of an invalid one.
+	jsonKeysNamed(t, text, "", 0, bin, "version", "-o", "json")
+	jsonKeysNamed(t, text, testutil.CloudConfig("init", "v1.37.2")+"  providerConfig:\n    budget.verify: 6m\n", 0, bin, "validate", "-o", "json", "-")
+	jsonKeysNamed(t, text, "cluster: {}\n", 1, bin, "validate", "-o", "json", "-")
 
 	i := strings.Index(text, "Actions: ")
 	if i < 0 {
@@ -108,5 +71,23 @@ func TestReferenceCommands(t *testing.T) {
 	sort.Strings(got)
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("docs/reference.md lists the actions %v; pkg/plan has %v", got, want)
+	}
+}
+
+// jsonKeysNamed runs the command with stdin, wants it to exit with code
+// and every key of the JSON object it prints named (in quotes) in text.
+func jsonKeysNamed(t *testing.T, text, stdin string, code int, bin string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.Output()
+	var doc map[string]json.RawMessage
+	if jerr := json.Unmarshal(out, &doc); jerr != nil || len(doc) == 0 || cmd.ProcessState.ExitCode() != code {
+		t.Fatalf("%s: %v %v, want exit %d\n%s", strings.Join(args, " "), err, jerr, code, out)
+	}
+	for k := range doc {
+		if !strings.Contains(text, `"`+k+`"`) {
+			t.Errorf("%s prints %q: not in docs/reference.md's Commands", strings.Join(args, " "), k)
+		}
 	}
 }
