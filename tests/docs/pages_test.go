@@ -16,6 +16,9 @@ var pageTests = map[string]string{
 	"reference.md":       "TestReferencePage",
 	"drain.md":           "TestDrainPage",
 	"fleet-upgrade.md":   "TestFleetUpgradePage",
+	// Its end-to-end command, booting the previous image, is run by the
+	// Kairos VM test (tests/kairosvm TestKairosNode).
+	"upgrade-failed.md": "TestUpgradeFailedPage",
 	// Elsewhere: the real kairos-agent in a chroot runs its commands.
 	"cloud-config.md": "tests/kairos TestRealKairosAgentChain",
 	// The lead's, with the end-to-end restore and rejoin scenarios.
