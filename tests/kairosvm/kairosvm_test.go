@@ -4,7 +4,8 @@
 // `kairos-agent install` from live media in a QEMU guest (TCG), booted
 // through grub and immucore, upgraded to the next minor with
 // upgrade.md's `kairos-agent upgrade --source oci:…` and rebooted, then
-// booted into the previous (passive) image on purpose. On every boot a
+// booted into the previous (passive) image on purpose with
+// upgrade-failed.md's `kairos-agent bootentry`. On every boot a
 // probe reports what the node did on a second serial port: what the
 // provider's pass decided, which paths survived, which images containerd
 // holds.
@@ -244,6 +245,22 @@ func TestKairosNode(t *testing.T) {
 		t.Fatalf("upgrade.md's %q does not install the %s image", upgrade, e137.Minor)
 	}
 	upgrade += " --allow-insecure-registries"
+	// Booting the previous image on purpose, as upgrade-failed.md says;
+	// the probe's reboot after the step's action is the page's reboot.
+	failPage, err := docs.Open("upgrade-failed.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fallback, err := failPage.E2ECommand("kairos-agent bootentry --select")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := failPage.E2ECommand("reboot"); err != nil {
+		t.Fatal(err)
+	}
+	if u := failPage.UnrunE2E(); len(u) > 0 {
+		t.Fatalf("docs/upgrade-failed.md: end-to-end commands this test does not run: %q", u)
+	}
 
 	boots := []struct {
 		name, action, mode string
@@ -251,7 +268,7 @@ func TestKairosNode(t *testing.T) {
 		refusal            string
 	}{
 		{"boot 1: the installed 1.36 image", upgrade, "active", e136, "PinNewerThanImage"},
-		{"boot 2: the upgraded 1.37 image", "kairos-agent bootentry --select fallback", "active", e137, "PinImageMismatch"},
+		{"boot 2: the upgraded 1.37 image", fallback, "active", e137, "PinImageMismatch"},
 		{"boot 3: the previous image on purpose (passive)", "", "passive", e136, "PinNewerThanImage"},
 	}
 	markers := map[string]map[string]bool{}
