@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -44,6 +45,10 @@ const (
 // ConfigPath is where the kubelet-start config lives while kubeadm reads it
 // (tmpfs, 0600, removed afterwards).
 const ConfigPath = paths.TmpDir + "/kubelet-start.yaml"
+
+// EmptyPKIDir is the empty certificates directory a worker's kubelet-start
+// is handed (tmpfs, 0700, removed afterwards).
+const EmptyPKIDir = paths.TmpDir + "/kubelet-start-pki"
 
 // CACert is the cluster CA kubeadm writes on a control plane.
 const CACert = paths.KubernetesDir + "/pki/ca.crt"
@@ -136,13 +141,25 @@ func (r *Repairer) Repair(ctx context.Context, in Input) ([]string, error) {
 		r.Log.Warn(EventLocalAPIUnreachable, "kubelet", "running", "error", runner.Sanitize(err.Error(), 400))
 	}
 	warnings := r.scan(in)
-	cfg, err := KubeletStartConfig(in)
-	if err != nil {
-		return warnings, err
-	}
 	full := r.Root.Path(ConfigPath)
 	if err := fsutil.MkdirAllMode(filepath.Dir(full), 0o700); err != nil {
 		return warnings, fmt.Errorf("tmp dir: %w", err)
+	}
+	// A worker holds the cluster CA's certificate without its key, which
+	// kubeadm init reads as an external CA whose apiserver certificates
+	// must be on the node: kubelet-start refuses to run there. It is handed
+	// an empty certificates directory instead (it writes no certificate).
+	pki := ""
+	if !in.ControlPlane {
+		pki = EmptyPKIDir
+		if err := r.emptyDir(pki); err != nil {
+			return warnings, err
+		}
+		defer os.Remove(r.Root.Path(pki))
+	}
+	cfg, err := KubeletStartConfig(in, pki)
+	if err != nil {
+		return warnings, err
 	}
 	if err := fsutil.WriteFileAtomic(full, cfg, 0o600); err != nil {
 		return warnings, err
@@ -182,6 +199,20 @@ func (r *Repairer) Repair(ctx context.Context, in Input) ([]string, error) {
 		}
 	}
 	return warnings, nil
+}
+
+// emptyDir makes p (a host path) a new, empty 0700 directory: whatever
+// was left there (a previous repair cut short) is removed first, a link
+// itself and never what it points to.
+func (r *Repairer) emptyDir(p string) error {
+	full := r.Root.Path(p)
+	if err := os.RemoveAll(full); err != nil {
+		return fmt.Errorf("empty certificates directory for kubelet-start: %w", err)
+	}
+	if err := os.Mkdir(full, 0o700); err != nil {
+		return fmt.Errorf("empty certificates directory for kubelet-start: %w", err)
+	}
+	return nil
 }
 
 func withFindings(err error, warnings []string) error {
@@ -299,7 +330,12 @@ func localAPIEndpoint(in Input) (map[string]any, bool) {
 // ClusterConfiguration pinned to the target, and the operator's
 // KubeletConfiguration. No bootstrap token, certificate key or discovery
 // material is copied: kubelet-start needs no secret.
-func KubeletStartConfig(in Input) ([]byte, error) {
+//
+// A non-empty pkiDir (a worker's: see EmptyPKIDir) becomes the
+// ClusterConfiguration's certificatesDir, and the kubelet's client CA file,
+// which kubeadm would otherwise derive from it, is set to the cluster CA's
+// real place unless the operator set it.
+func KubeletStartConfig(in Input, pkiDir string) ([]byte, error) {
 	k := in.Kubeadm
 	reg := map[string]any{}
 	src := k.JoinConfiguration
@@ -328,13 +364,23 @@ func KubeletStartConfig(in Input) ([]byte, error) {
 	}
 	cluster["apiVersion"], cluster["kind"] = "kubeadm.k8s.io/v1beta4", "ClusterConfiguration"
 	cluster["kubernetesVersion"] = in.Target.String()
+	caDir := paths.PKIDir
+	if d, ok := cluster["certificatesDir"].(string); ok && d != "" {
+		caDir = d
+	}
+	if pkiDir != "" {
+		cluster["certificatesDir"] = pkiDir
+	}
 	docs := []map[string]any{initCfg, cluster}
-	if k.KubeletConfiguration != nil {
+	if k.KubeletConfiguration != nil || pkiDir != "" {
 		kc := map[string]any{}
 		for key, v := range k.KubeletConfiguration {
 			kc[key] = v
 		}
 		kc["apiVersion"], kc["kind"] = "kubelet.config.k8s.io/v1beta1", "KubeletConfiguration"
+		if pkiDir != "" {
+			setClientCA(kc, path.Join(caDir, "ca.crt"))
+		}
 		docs = append(docs, kc)
 	}
 	var out []byte
@@ -349,4 +395,28 @@ func KubeletStartConfig(in Input) ([]byte, error) {
 		out = append(out, b...)
 	}
 	return out, nil
+}
+
+// setClientCA sets a KubeletConfiguration's authentication.x509.clientCAFile
+// to file unless it is set, copying the maps it changes (they may be the
+// operator's).
+func setClientCA(kc map[string]any, file string) {
+	auth := map[string]any{}
+	if a, ok := kc["authentication"].(map[string]any); ok {
+		for k, v := range a {
+			auth[k] = v
+		}
+	}
+	x509 := map[string]any{}
+	if x, ok := auth["x509"].(map[string]any); ok {
+		for k, v := range x {
+			x509[k] = v
+		}
+	}
+	if f, ok := x509["clientCAFile"].(string); ok && f != "" {
+		return
+	}
+	x509["clientCAFile"] = file
+	auth["x509"] = x509
+	kc["authentication"] = auth
 }

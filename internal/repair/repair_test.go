@@ -131,11 +131,23 @@ kubeletConfiguration:
 
 func TestKubeletStartConfigCarriesNoSecret(t *testing.T) {
 	for _, role := range []plan.Role{plan.RoleInit, plan.RoleWorker} {
-		b, err := KubeletStartConfig(Input{Target: v137, ControlPlane: role == plan.RoleInit, Role: role, Kubeadm: config(t, string(role), "")})
+		pki := ""
+		if role == plan.RoleWorker {
+			pki = EmptyPKIDir
+		}
+		b, err := KubeletStartConfig(Input{Target: v137, ControlPlane: role == plan.RoleInit, Role: role, Kubeadm: config(t, string(role), "")}, pki)
 		if err != nil {
 			t.Fatal(err)
 		}
 		s := string(b)
+		// A worker's kubelet-start gets the empty certificates directory,
+		// and its kubelet keeps the cluster CA's real place.
+		if role == plan.RoleWorker && (!strings.Contains(s, "certificatesDir: "+EmptyPKIDir) || !strings.Contains(s, "clientCAFile: /etc/kubernetes/pki/ca.crt")) {
+			t.Fatalf("worker config:\n%s", s)
+		}
+		if role == plan.RoleInit && (strings.Contains(s, "certificatesDir") || strings.Contains(s, "clientCAFile")) {
+			t.Fatalf("control plane config:\n%s", s)
+		}
 		for _, banned := range []string{"0123456789abcdef", "certificateKey", "bootstrapTokens", "discovery", "0a1b2c3d"} {
 			if strings.Contains(s, banned) {
 				t.Fatalf("%s config carries %q:\n%s", role, banned, s)
@@ -157,28 +169,60 @@ func TestKubeletStartConfigCarriesNoSecret(t *testing.T) {
 
 // The config handed to kubelet-start is accepted by the real kubeadm 1.37.2
 // (dry run into KUBEADM_INIT_DRYRUN_DIR), and the flags file it writes
-// carries no flag removed in 1.37.
+// carries no flag removed in 1.37. The worker's certificates directory is
+// a worker's: the cluster CA's certificate that kubeadm join wrote, without
+// its key (made here by the real kubeadm, its key then removed), which
+// kubeadm init takes for an external CA and refuses kubelet-start on.
 func TestRealKubeadmKubeletStartDryRun(t *testing.T) {
 	kubeadm := testbin.Kubeadm(t, "v1.37.2")
+	workerPKI := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, kubeadm, "init", "phase", "certs", "ca", "--cert-dir", workerPKI).CombinedOutput(); err != nil {
+		t.Fatalf("kubeadm init phase certs ca: %v\n%s", err, out)
+	}
+	if err := os.Remove(filepath.Join(workerPKI, "ca.key")); err != nil {
+		t.Fatal(err)
+	}
+	kubeletStart := func(t *testing.T, b []byte) (string, []byte, error) {
+		dir := t.TempDir()
+		cfg := filepath.Join(dir, "kubelet-start.yaml")
+		if err := os.WriteFile(cfg, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(dir, "dryrun")
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, kubeadm, "init", "phase", "kubelet-start", "--config", cfg, "--dry-run")
+		cmd.Env = append(append([]string{}, runner.BaseEnv...), "KUBEADM_INIT_DRYRUN_DIR="+out)
+		res, err := cmd.CombinedOutput()
+		return out, res, err
+	}
+	// Handed the worker's own certificates directory, kubeadm refuses: the
+	// reason the repair hands a worker an empty one.
+	in := Input{Target: v137, Role: plan.RoleWorker, Kubeadm: config(t, "worker", "")}
+	in.Kubeadm.ClusterConfiguration["certificatesDir"] = workerPKI
+	b, err := KubeletStartConfig(in, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, res, err := kubeletStart(t, b); err == nil || !strings.Contains(string(res), "external CA") {
+		t.Fatalf("kubelet-start with a worker's certificates directory: %v\n%s", err, res)
+	}
 	for _, role := range []plan.Role{plan.RoleInit, plan.RoleWorker} {
 		t.Run(string(role), func(t *testing.T) {
 			// The operator's node registration still carries a flag 1.37 removed.
 			k := config(t, string(role), "")
-			b, err := KubeletStartConfig(Input{Target: v137, ControlPlane: role == plan.RoleInit, Role: role, Kubeadm: k})
+			pki := ""
+			if role == plan.RoleWorker {
+				k.ClusterConfiguration["certificatesDir"] = workerPKI
+				pki = t.TempDir()
+			}
+			b, err := KubeletStartConfig(Input{Target: v137, ControlPlane: role == plan.RoleInit, Role: role, Kubeadm: k}, pki)
 			if err != nil {
 				t.Fatal(err)
 			}
-			dir := t.TempDir()
-			cfg := filepath.Join(dir, "kubelet-start.yaml")
-			if err := os.WriteFile(cfg, b, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			out := filepath.Join(dir, "dryrun")
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, kubeadm, "init", "phase", "kubelet-start", "--config", cfg, "--dry-run")
-			cmd.Env = append(append([]string{}, runner.BaseEnv...), "KUBEADM_INIT_DRYRUN_DIR="+out)
-			res, err := cmd.CombinedOutput()
+			out, res, err := kubeletStart(t, b)
 			if err != nil {
 				t.Fatalf("kubeadm refused the kubelet-start config: %v\n%s\n%s", err, res, b)
 			}
@@ -195,6 +239,10 @@ func TestRealKubeadmKubeletStartDryRun(t *testing.T) {
 			kc, err := os.ReadFile(filepath.Join(out, "config.yaml"))
 			if err != nil || !strings.Contains(string(kc), "failCgroupV1: false") || !strings.Contains(string(kc), "cgroupDriver: cgroupfs") {
 				t.Fatalf("kubelet config.yaml (%v):\n%s", err, kc)
+			}
+			// The kubelet trusts the cluster CA where it is, not the empty directory.
+			if role == plan.RoleWorker && !strings.Contains(string(kc), "clientCAFile: "+filepath.Join(workerPKI, "ca.crt")) {
+				t.Fatalf("worker kubelet config.yaml does not trust %s/ca.crt:\n%s", workerPKI, kc)
 			}
 		})
 	}
@@ -230,7 +278,9 @@ type rig struct {
 	log   strings.Builder
 	r     *Repairer
 	seen  string // the config kubeadm was handed
-	mode  os.FileMode
+	// emptyPKI: EmptyPKIDir was an empty 0700 directory while kubeadm ran.
+	emptyPKI bool
+	mode     os.FileMode
 }
 
 func newRig(t *testing.T, healthyAfterStart bool) *rig {
@@ -245,6 +295,11 @@ func newRig(t *testing.T, healthyAfterStart bool) *rig {
 				g.mode = st.Mode().Perm()
 				b, _ := os.ReadFile(cfg)
 				g.seen = string(b)
+			}
+			if ents, err := os.ReadDir(g.node.Path(EmptyPKIDir)); err == nil && len(ents) == 0 {
+				if st, err := os.Lstat(g.node.Path(EmptyPKIDir)); err == nil && st.IsDir() && st.Mode().Perm() == 0o700 {
+					g.emptyPKI = true
+				}
 			}
 		}
 		if c.String() == "/usr/bin/systemctl restart kubelet" && healthyAfterStart {
@@ -267,9 +322,16 @@ func (g *rig) repairLines() []string {
 func TestWorkerRepair(t *testing.T) {
 	g := newRig(t, true)
 	g.node.Write("/etc/default/kubelet", "KUBELET_EXTRA_ARGS=--containerd=/run/containerd/containerd.sock\n", 0o644)
+	// What a repair cut short left there is not handed to kubeadm.
+	g.node.Write(EmptyPKIDir+"/ca.crt", "left over", 0o600)
 	warnings, err := g.r.Repair(context.Background(), Input{Target: v137, Role: plan.RoleWorker, Kubeadm: config(t, "worker", "")})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A worker's kubelet-start is handed an empty certificates directory
+	// (kubeadm init refuses a CA certificate without its key), removed after.
+	if !g.emptyPKI || !strings.Contains(g.seen, "certificatesDir: "+EmptyPKIDir) || g.node.Exists(EmptyPKIDir) {
+		t.Fatalf("empty certificates directory: while kubeadm ran %v, left after %v; config:\n%s", g.emptyPKI, g.node.Exists(EmptyPKIDir), g.seen)
 	}
 	if !reflect.DeepEqual(g.rec.Lines(), g.repairLines()) {
 		t.Fatalf("ran %q", g.rec.Lines())

@@ -503,6 +503,11 @@ func TestHAUpgrade(t *testing.T) {
 	if code := boot(w1, "1.37 image: upgrade node"); code != 0 {
 		t.Fatalf("w1 upgrade node: exit %d\n%s\nkubeadm:\n%s", code, lastPass(reconcileLog(t, w1.n)), kubeadmLog(w1.n))
 	}
+	// The torn config.yaml kept the kubelet down: the repair ran for real
+	// on a worker (kubelet-start, handed an empty certificates directory).
+	if pass := lastPass(reconcileLog(t, w1.n)); !strings.Contains(pass, "msg=kubelet-start outcome=ok target=v1.37.2 trigger=kubelet-down") {
+		t.Fatalf("w1's repair of its torn kubelet config did not run:\n%s", pass)
+	}
 	afterKills(t, w1.n, "v1.37.2")
 	waitNodes(t, cp1.n, "v1.37.2", "cp1", "cp2", "cp3", "w1")
 	v := check("worker upgrade node", cp1)
