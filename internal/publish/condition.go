@@ -1,7 +1,6 @@
 package publish
 
 import (
-	"regexp"
 	"time"
 
 	"github.com/kairos-io/provider-kubernetes/internal/kube"
@@ -41,15 +40,12 @@ const (
 	ReasonUnknownPhase = "PhaseUnknown"
 )
 
-// camelCase is a reason as Kubernetes writes them: one CamelCase word.
-var camelCase = regexp.MustCompile(`^[A-Z][A-Za-z0-9]{0,127}$`)
-
 // reasonOr is the first of the candidates that is a CamelCase word, else
 // fallback: a value from the document that is not one is never used as
 // a reason.
 func reasonOr(fallback string, candidates ...string) string {
 	for _, c := range candidates {
-		if camelCase.MatchString(c) {
+		if status.IsCode(c) {
 			return c
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"regexp"
 	"strings"
 	"time"
 
@@ -24,10 +23,6 @@ import (
 // The control-plane gate's observations, shared by the pass (which waits
 // on pkg/plan's DecideTurn and DecideHealth) and `provider-kubernetes
 // preflight` (which refuses on them).
-
-// reasonCode is what a published reason must look like to be shown: a
-// CamelCase code such as KubeadmFailed.
-var reasonCode = regexp.MustCompile(`^[A-Z][A-Za-z0-9]{0,63}$`)
 
 // EventControlPlaneTurn: a control plane's wait for its turn before its
 // kubeadm upgrade.
@@ -48,7 +43,7 @@ func ControlPlanePeers(ctx context.Context, admin *kube.Client, now time.Time) (
 			Upgrading: phase == status.PhaseUpgrading, Failed: phase == status.PhaseFailed}
 		// A peer's reason is shown only when it is a reason code; anything
 		// else it published is not repeated.
-		if reason := r.Annotations[status.AnnotationPrefix+status.KeyReason]; p.Failed && reasonCode.MatchString(reason) {
+		if reason := r.Annotations[status.AnnotationPrefix+status.KeyReason]; p.Failed && status.IsCode(reason) {
 			p.FailedReason = reason
 		}
 		if t, err := time.Parse(time.RFC3339, r.Annotations[status.AnnotationPrefix+status.KeyTime]); err == nil {

@@ -1,6 +1,10 @@
 package status
 
-import "github.com/kairos-io/provider-kubernetes/internal/runner"
+import (
+	"regexp"
+
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
+)
 
 // AnnotationPrefix starts every annotation the provider writes on a Node:
 // the status document as other nodes and tools read it from the API
@@ -56,3 +60,12 @@ func Annotations(d Document) map[string]string {
 	}
 	return out
 }
+
+// codeRE is a reason or refusal code as Kubernetes writes reasons: one
+// CamelCase word.
+var codeRE = regexp.MustCompile(`^[A-Z][A-Za-z0-9]{0,127}$`)
+
+// IsCode reports whether s is a reason or refusal code (one CamelCase
+// word): what a peer published under KeyReason or KeyRefusal is repeated
+// only when it is one.
+func IsCode(s string) bool { return codeRE.MatchString(s) }
