@@ -45,6 +45,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
@@ -743,6 +744,9 @@ type NodeRecord struct {
 	Annotations map[string]string
 }
 
+// MaxNotReady bounds a NodeRecord's NotReady (bytes).
+const MaxNotReady = 300
+
 // record is a listed Node as a NodeRecord.
 func record(n node) NodeRecord {
 	_, cp := n.Metadata.Labels["node-role.kubernetes.io/control-plane"]
@@ -753,7 +757,9 @@ func record(n node) NodeRecord {
 	case !r.Ready && reason == "" && message == "":
 		r.NotReady = "no Ready condition"
 	case !r.Ready:
-		r.NotReady = strings.TrimPrefix(reason+": "+message, ": ")
+		// The peer's kubelet wrote it: bounded and made one safe line here,
+		// before it joins the gate's reasons and the preflight's output.
+		r.NotReady = runner.Sanitize(strings.TrimPrefix(reason+": "+message, ": "), MaxNotReady)
 		r.NoCNI = noCNI(r.Ready, message)
 	}
 	for _, a := range n.Status.Addresses {

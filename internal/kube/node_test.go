@@ -141,3 +141,22 @@ func TestANodesOwnCredentialsAgainstTheRealAPIServer(t *testing.T) {
 		t.Fatalf("a node lists budgets: %v", err)
 	}
 }
+
+// A peer's Ready condition is its kubelet's text: the record keeps a
+// bounded, single-line copy with no key material, whatever it wrote.
+func TestRecordBoundsNotReady(t *testing.T) {
+	var n node
+	n.Metadata.Name = "cp3"
+	n.Status.Conditions = append(n.Status.Conditions, struct {
+		Type    string `json:"type"`
+		Status  string `json:"status"`
+		Reason  string `json:"reason"`
+		Message string `json:"message"`
+	}{Type: "Ready", Status: "False", Reason: "KubeletNotReady",
+		Message: "line one\nline two token=abcdef.0123456789abcdef " + strings.Repeat("x", 100<<10)})
+	r := record(n)
+	if r.Ready || len(r.NotReady) > MaxNotReady || strings.Contains(r.NotReady, "\n") || strings.Contains(r.NotReady, "0123456789abcdef") ||
+		!strings.HasPrefix(r.NotReady, "KubeletNotReady: line one line two") {
+		t.Fatalf("NotReady of %d bytes: %.120q", len(r.NotReady), r.NotReady)
+	}
+}
