@@ -4,49 +4,65 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
 )
 
-// Binary is one Go binary a minor's tree is assembled from: built from its
-// module at the version versions.yaml names, cached by version.
+// Binary is one build a minor's tree takes binaries from: one Go binary,
+// or (Kubernetes) several made by one go build; built from its module at
+// the version versions.yaml names, cached by version.
 type Binary struct {
-	Name  string // kubeadm, kube-apiserver, etcd, coredns, ...
-	What  string // "kubelet v1.37.2", for a person
-	Build func(ctx context.Context, log io.Writer) (string, error)
+	Names []string // kubeadm, kube-apiserver, etcd, coredns, ...
+	What  string   // "kubelet v1.37.2", for a person
+	Build func(ctx context.Context, log io.Writer) (map[string]string, error)
 }
 
-// Binaries lists every module binary of minor e's tree, in build order:
-// the Kubernetes release (kubeadm, kubelet, kubectl and the four image
-// binaries), the etcd release kubeadm deploys (etcd, etcdctl, etcdutl) and
-// CoreDNS. Build and Prebuild both use it, so what is prebuilt is exactly
-// what a tree takes from the cache.
+// KubernetesCommands are the Kubernetes binaries of every tree: kubeadm,
+// kubelet and kubectl on the node, and the four of its images.
+var KubernetesCommands = []string{"kubeadm", "kubelet", "kubectl", APIServer, ControllerManager, Scheduler, Proxy}
+
+// Binaries lists every module build of minor e's tree, in build order:
+// the Kubernetes release (KubernetesCommands, in one go build), the etcd
+// release kubeadm deploys (etcd, etcdctl, etcdutl) and CoreDNS. Build and
+// Prebuild both use it, so what is prebuilt is exactly what a tree takes
+// from the cache.
 func Binaries(e images.MinorEntry) ([]Binary, error) {
 	etcdRel, err := EtcdRelease(e.Etcd)
 	if err != nil {
 		return nil, err
 	}
-	var out []Binary
-	for _, n := range []string{"kubeadm", "kubelet", "kubectl", APIServer, ControllerManager, Scheduler, Proxy} {
-		out = append(out, Binary{Name: n, What: n + " " + e.Kubernetes, Build: func(ctx context.Context, log io.Writer) (string, error) {
-			return testbin.Kubernetes(ctx, e.Kubernetes, n, log)
-		}})
-	}
+	out := []Binary{{Names: KubernetesCommands, What: "Kubernetes " + e.Kubernetes + " (" + strings.Join(KubernetesCommands, ", ") + ")",
+		Build: func(ctx context.Context, log io.Writer) (map[string]string, error) {
+			return testbin.KubernetesSet(ctx, e.Kubernetes, KubernetesCommands, log)
+		}}}
 	for _, n := range []string{Etcd, "etcdctl", "etcdutl"} {
 		mod := "go.etcd.io/etcd/" + n + "/v3"
 		if n == Etcd {
 			mod = "go.etcd.io/etcd/server/v3"
 		}
-		out = append(out, Binary{Name: n, What: n + " " + etcdRel, Build: func(ctx context.Context, log io.Writer) (string, error) {
+		out = append(out, one(n, n+" "+etcdRel, func(ctx context.Context, log io.Writer) (string, error) {
 			return testbin.GoBinary(ctx, mod, etcdRel, mod, n, "", log)
-		}})
+		}))
 	}
-	out = append(out, Binary{Name: CoreDNS, What: "coredns " + e.CoreDNS, Build: func(ctx context.Context, log io.Writer) (string, error) {
+	out = append(out, one(CoreDNS, "coredns "+e.CoreDNS, func(ctx context.Context, log io.Writer) (string, error) {
 		return testbin.GoBinary(ctx, "github.com/coredns/coredns", e.CoreDNS, "github.com/coredns/coredns", "coredns",
 			"-s -w -X github.com/coredns/coredns/coremain.GitCommit="+e.CoreDNS, log)
-	}})
+	}))
 	return out, nil
+}
+
+// one is a build of a single binary.
+func one(name, what string, build func(ctx context.Context, log io.Writer) (string, error)) Binary {
+	return Binary{Names: []string{name}, What: what, Build: func(ctx context.Context, log io.Writer) (map[string]string, error) {
+		p, err := build(ctx, log)
+		if err != nil {
+			return nil, err
+		}
+		return map[string]string{name: p}, nil
+	}}
 }
 
 // buildAll builds (or finds cached) every binary of e (skip: the image
@@ -58,14 +74,25 @@ func buildAll(ctx context.Context, e images.MinorEntry, noImages bool, log io.Wr
 	}
 	out := map[string]string{}
 	for _, b := range bs {
-		if noImages && b.Name != "kubeadm" && b.Name != "kubelet" && b.Name != "kubectl" && b.Name != "etcdctl" && b.Name != "etcdutl" {
+		if noImages && !slices.ContainsFunc(b.Names, func(n string) bool {
+			return n == "kubeadm" || n == "kubelet" || n == "kubectl" || n == "etcdctl" || n == "etcdutl"
+		}) {
 			continue
 		}
-		p, err := b.Build(ctx, log)
+		build := b.Build
+		if noImages && len(b.Names) > 1 {
+			// A tree without images needs only the node's Kubernetes binaries.
+			build = func(ctx context.Context, log io.Writer) (map[string]string, error) {
+				return testbin.KubernetesSet(ctx, e.Kubernetes, []string{"kubeadm", "kubelet", "kubectl"}, log)
+			}
+		}
+		ps, err := build(ctx, log)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", b.What, err)
 		}
-		out[b.Name] = p
+		for n, p := range ps {
+			out[n] = p
+		}
 	}
 	return out, nil
 }
