@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode"
 	"sync"
 	"time"
 
@@ -143,8 +144,11 @@ func TokenStrength(tok string) error {
 	if strings.ContainsAny(tok, "<>") {
 		return fmt.Errorf("%w: cluster_token is still a placeholder: replace it with a random secret (e.g. openssl rand -hex 24)", ErrInvalid)
 	}
-	if strings.TrimSpace(tok) != tok || strings.ContainsAny(tok, "\n\r\t") {
-		return fmt.Errorf("%w: cluster_token has leading, trailing or embedded whitespace", ErrInvalid)
+	// A space inside is a paste gone wrong as surely as one at either end
+	// (every node must carry the same bytes); a control character cannot
+	// be told apart on screen.
+	if strings.IndexFunc(tok, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
+		return fmt.Errorf("%w: cluster_token has leading, trailing or embedded whitespace or a control character", ErrInvalid)
 	}
 	if len(tok) < MinTokenLength {
 		return fmt.Errorf("%w: cluster_token is too short (%d characters, at least %d): use a random secret (e.g. openssl rand -hex 24)", ErrInvalid, len(tok), MinTokenLength)

@@ -85,6 +85,8 @@ func TestValidateBad(t *testing.T) {
 		{"unknown role", section("master", "10.0.0.11", goodConfig), "role is not init, controlplane or worker"},
 		{"missing token", "role: init\ncontrol_plane_host: 10.0.0.11\n" + goodConfig, "cluster_token is missing"},
 		{"short token", strings.Replace(section("init", "10.0.0.11", goodConfig), secretToken, "abc123", 1), "cluster_token is too short (6 characters"},
+		{"token with a space inside", strings.Replace(section("init", "10.0.0.11", goodConfig), secretToken, secretToken[:10]+" "+secretToken[10:], 1), "cluster_token has leading, trailing or embedded whitespace"},
+		{"token with a control character", strings.Replace(section("init", "10.0.0.11", goodConfig), secretToken, `"`+secretToken[:10]+`\u0001`+secretToken[10:]+`"`, 1), "or a control character"},
 		{"repetitive token", strings.Replace(section("init", "10.0.0.11", goodConfig), secretToken, strings.Repeat("ab", 20), 1), "cluster_token is too repetitive"},
 		// Long and varied enough to pass the other checks: refused by name as the example's placeholder.
 		{"placeholder token", strings.Replace(section("init", "10.0.0.11", goodConfig), secretToken, "<your-random-cluster-token-here>", 1), "cluster_token is still a placeholder"},
