@@ -534,3 +534,36 @@ func TestRepairTrigger(t *testing.T) {
 		})
 	}
 }
+
+// budget.kubeletStart bounds kubelet-start and the daemon-reload and
+// restart after it together (the pass's longest path counts it once): the
+// three commands run under one deadline, budget.kubeletStart from the
+// start of kubelet-start, not one each.
+func TestKubeletStartBudgetShared(t *testing.T) {
+	g := newRig(t, true)
+	var deadlines []time.Time
+	reply := g.rec.Reply
+	g.rec.Reply = func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+		d, ok := ctx.Deadline()
+		if !ok {
+			t.Errorf("%s ran without a deadline", c)
+		}
+		deadlines = append(deadlines, d)
+		return reply(ctx, c)
+	}
+	start := time.Now()
+	if _, err := g.r.Repair(context.Background(), Input{Target: v137, Role: plan.RoleWorker, Kubeadm: config(t, "worker", "")}); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(g.rec.Lines(), g.repairLines()) {
+		t.Fatalf("ran %q", g.rec.Lines())
+	}
+	for i, d := range deadlines {
+		if !d.Equal(deadlines[0]) {
+			t.Fatalf("%s has its own deadline (%s after the first's)", g.repairLines()[i], d.Sub(deadlines[0]))
+		}
+	}
+	if b := g.r.Budgets.KubeletStart; deadlines[0].Sub(start) < b || deadlines[0].After(time.Now().Add(b)) {
+		t.Fatalf("the deadline is not budget.kubeletStart (%s) from the start", b)
+	}
+}
