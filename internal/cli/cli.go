@@ -5,7 +5,6 @@ package cli
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -146,6 +145,9 @@ func parse(fs *flagSet, args []string) (int, bool) {
 	if f := fs.Lookup("root"); f != nil && !filepath.IsAbs(f.Value.String()) {
 		return fs.usageError(fmt.Sprintf("--root must be an absolute path, got %q", f.Value.String())), false
 	}
+	if problem := checkOutput(fs); problem != "" {
+		return fs.usageError(problem), false
+	}
 	return 0, true
 }
 
@@ -175,6 +177,10 @@ func parseFlags(fs *flagSet, args []string) (int, bool) {
 	case err == nil:
 		return 0, true
 	case errors.Is(err, flag.ErrHelp):
+		if c, ok := fs.stdout.(*flagCollector); ok {
+			c.set = fs.FlagSet
+			return reconcile.ExitOK, false
+		}
 		name, _, _ := strings.Cut(fs.Name(), " ")
 		printHelp(fs.stdout, name, fs.FlagSet)
 		return reconcile.ExitOK, false
@@ -185,32 +191,28 @@ func parseFlags(fs *flagSet, args []string) (int, bool) {
 // cmdVersion prints this binary's version, release and supported window.
 func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("version", stdout, stderr)
-	out := fs.String("o", "text", "output: text or json")
+	out := outputFlag(fs)
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
 	rel := images.Get().Release
-	switch *out {
-	case "text":
-		fmt.Fprintf(stdout, "provider-kubernetes %s (release %s, Kubernetes %s)\n", Version, rel, images.Window())
-	case "json":
-		w := images.Window()
-		minors := make([]string, len(w))
-		for i, m := range w {
-			minors[i] = m.String()
-		}
-		b, err := json.Marshal(struct {
-			Version string   `json:"version"`
-			Release string   `json:"release"`
-			Window  []string `json:"window"`
-		}{Version, rel, minors})
-		if err != nil {
-			fmt.Fprintf(stderr, "version: %s\n", status.Printable(err.Error()))
-			return reconcile.ExitFailed
-		}
-		fmt.Fprintf(stdout, "%s\n", b)
-	default:
-		return fs.usageError("-o must be text or json, got " + plan.Described(*out))
+	w := images.Window()
+	minors := make([]string, len(w))
+	for i, m := range w {
+		minors[i] = m.String()
+	}
+	doc := struct {
+		Version string   `json:"version"`
+		Release string   `json:"release"`
+		Window  []string `json:"window"`
+	}{Version, rel, minors}
+	err := emit(stdout, *out, doc, func(w io.Writer) error {
+		_, err := fmt.Fprintf(w, "provider-kubernetes %s (release %s, Kubernetes %s)\n", Version, rel, images.Window())
+		return err
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "version: %s\n", status.Printable(err.Error()))
+		return reconcile.ExitFailed
 	}
 	return reconcile.ExitOK
 }
@@ -357,7 +359,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("plan", stdout, stderr)
 	root := fs.String("root", "/", "host root every path is read under")
 	clusterFile := fs.String("cluster-file", paths.ClusterFile, "cluster file (host path under --root)")
-	out := fs.String("o", "text", "output: text or json")
+	out := outputFlag(fs)
 	var bundled, nodeV, clusterV, verified versionFlag
 	fs.Var(&bundled, "bundled", "bundled kubeadm version, or unknown")
 	fs.Var(&verified, "verified", "the version this node was last verified at (the provider's record), or unknown")
@@ -368,9 +370,6 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	member := fs.Bool("member", false, "whether this node is already a cluster member")
 	if code, ok := parse(fs, args); !ok {
 		return code
-	}
-	if *out != "text" && *out != "json" {
-		return fs.usageError(fmt.Sprintf("-o must be text or json, got %q", *out))
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -393,19 +392,35 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		APITimeout: b.APIRequest}
 	obs := reconcile.Gather(ctx, o, ov, wait.Budget{Total: 10 * 1e9, Interval: 2 * 1e9, PerAttempt: b.APIRequest})
 	pl := plan.Decide(images.Window(), obs.Facts)
-	if *out == "json" {
-		e := json.NewEncoder(stdout)
-		if err := e.Encode(pl); err != nil {
-			fmt.Fprintf(stderr, "encode: %s\n", status.Printable(err.Error()))
-			return reconcile.ExitFailed
-		}
-	} else {
-		printPlan(stdout, obs, pl)
+	err := emit(stdout, *out, newPlanReport(obs, pl), func(w io.Writer) error {
+		printPlan(w, obs, pl)
+		return nil
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "plan: %s\n", status.Printable(err.Error()))
+		return reconcile.ExitFailed
 	}
 	if pl.Refused() {
 		return reconcile.ExitRefused
 	}
 	return reconcile.ExitOK
+}
+
+// planReport is what plan -o json|yaml prints: the plan, the facts it
+// was decided on as the text's Facts line shows them, and the text's
+// Observed lines (bounded as there). docs/reference.md names every field.
+type planReport struct {
+	plan.Plan
+	Facts plan.Shown `json:"facts"`
+	Notes []string   `json:"notes"`
+}
+
+func newPlanReport(obs reconcile.Observation, pl plan.Plan) planReport {
+	r := planReport{Plan: pl, Facts: obs.Facts.Shown(), Notes: []string{}}
+	for _, n := range obs.Notes {
+		r.Notes = append(r.Notes, runner.Sanitize(n, 300))
+	}
+	return r
 }
 
 // printPlan renders the plan for a person. Every value is printed through
@@ -459,7 +474,7 @@ func orDash(s string) string {
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("status", stdout, stderr)
 	root := fs.String("root", "/", "host root")
-	out := fs.String("o", "text", "output: text, yaml or json")
+	out := outputFlag(fs)
 	cluster := fs.Bool("cluster", false, "every node of the cluster and the rollout's next step, from the API")
 	kubeconfig := fs.String("kubeconfig", "", "with --cluster: a kubeconfig with read access (host path under --root; default: the KUBECONFIG list, else admin.conf, else kubelet.conf)")
 	kubeContext := fs.String("context", "", "with --cluster: the kubeconfig context to use (default: its current context)")
@@ -467,13 +482,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return code
 	}
 	if *cluster {
-		if *out != "text" && *out != "json" {
-			return fs.usageError(fmt.Sprintf("-o must be text or json with --cluster, got %q", status.Printable(*out)))
-		}
 		return clusterStatus(ctx, paths.Root(*root), kubeSource(*kubeconfig, os.Getenv("KUBECONFIG"), *kubeContext), *out, stdout, stderr)
-	}
-	if *out != "text" && *out != "yaml" && *out != "json" {
-		return fs.usageError(fmt.Sprintf("-o must be text, yaml or json, got %q", *out))
 	}
 	doc, src, err := status.ReadCurrent(paths.Root(*root))
 	if err != nil {
@@ -483,7 +492,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if *out == "text" && src == paths.StatusMirror {
 		fmt.Fprintf(stdout, "(from the persistent mirror %s: no pass has run on this boot yet)\n", src)
 	}
-	if err := status.Print(stdout, doc, *out); err != nil {
+	if err := emit(stdout, *out, doc, func(w io.Writer) error { return status.Print(w, doc, "text") }); err != nil {
 		fmt.Fprintf(stderr, "status: %s\n", status.Printable(err.Error()))
 		return reconcile.ExitFailed
 	}

@@ -72,7 +72,7 @@ func clusterStatus(ctx context.Context, root paths.Root, src kube.Source, format
 		nodes = append(nodes, n)
 	}
 	v := clusterview.Build(images.Window(), cluster, nodes, time.Now())
-	if err := clusterview.Print(stdout, v, format); err != nil {
+	if err := emit(stdout, format, v, func(w io.Writer) error { return clusterview.Print(w, v, "text") }); err != nil {
 		fmt.Fprintf(stderr, "status --cluster: %s\n", status.Printable(err.Error()))
 		return reconcile.ExitFailed
 	}

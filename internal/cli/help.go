@@ -90,7 +90,7 @@ var helps = map[string]commandHelp{
 			{reconcile.ExitRefused, "refused: nothing changed"}},
 	},
 	"plan": {
-		synopsis: []string{"plan [--root DIR] [--cluster-file FILE] [-o text|json] [--pin V] [--bundled V|unknown]\n" +
+		synopsis: []string{"plan [--root DIR] [--cluster-file FILE] [-o text|json|yaml] [--pin V] [--bundled V|unknown]\n" +
 			"     [--node-version V|unknown] [--cluster-version V|unknown] [--role init|controlplane|worker] [--member=true|false]\n" +
 			"     [--verified V|unknown]"},
 		summary: "What the next boot would do, changing nothing. Facts given as flags replace what would be read from the node; with every fact given it reads nothing and works on any machine.",
@@ -99,15 +99,15 @@ var helps = map[string]commandHelp{
 			{reconcile.ExitRefused, "the plan refuses"}},
 	},
 	"preflight": {
-		synopsis: []string{"preflight [--host-root DIR] [--image-root DIR] [-o text|json]"},
+		synopsis: []string{"preflight [--host-root DIR] [--image-root DIR] [-o text|json|yaml]"},
 		summary:  "From the image a node is about to be upgraded to, before the swap: what the node's next boot would decide and whether the cluster can take it now. Writes nothing.",
 		example:  "preflight --host-root /host -o json",
 		exits: []exitCode{{reconcile.ExitOK, "the upgrade may swap the image"}, {reconcile.ExitFailed, "the output could not be printed"},
 			{reconcile.ExitRefused, "refused: the code on its one structured line"}},
 	},
 	"status": {
-		synopsis: []string{"status [--root DIR] [-o text|yaml|json]",
-			"status --cluster [--kubeconfig FILE] [--context NAME] [-o text|json] [--root DIR]"},
+		synopsis: []string{"status [--root DIR] [-o text|json|yaml]",
+			"status --cluster [--kubeconfig FILE] [--context NAME] [-o text|json|yaml] [--root DIR]"},
 		summary: "The last pass's status document; with --cluster, every node of the cluster from the API and the rollout's next step.",
 		example: "status --cluster",
 		exits: []exitCode{{reconcile.ExitOK, "printed; with --cluster: every node converged at one version"},
@@ -167,7 +167,7 @@ var helps = map[string]commandHelp{
 			{reconcile.ExitRefused, "refused: a manifest is missing, or DIR is not new or empty (nothing copied)"}},
 	},
 	"validate": {
-		synopsis: []string{"validate [-o text|json] FILE"},
+		synopsis: []string{"validate [-o text|json|yaml] FILE"},
 		summary: "Check a Kairos cloud-config file offline with the checks agent.boot and the reconcile pass apply to its cluster: section (its header, keys, role, pin, " +
 			"providerConfig budgets, token strength, CA pin), and list every problem, one per line, never a value. FILE - reads stdin. Writes nothing.",
 		example: "validate /oem/90_custom.yaml",
@@ -194,7 +194,7 @@ var helps = map[string]commandHelp{
 		exits:    []exitCode{{reconcile.ExitOK, "imported"}, {reconcile.ExitFailed, "a tarball was refused, or an import failed"}},
 	},
 	"version": {
-		synopsis: []string{"version [-o text|json]"},
+		synopsis: []string{"version [-o text|json|yaml]"},
 		summary:  "This binary's version, its release and the Kubernetes minors it supports.",
 		example:  "version -o json",
 		exits:    []exitCode{{reconcile.ExitOK, "printed"}},

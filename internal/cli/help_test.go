@@ -108,9 +108,9 @@ func TestHelpShowsTheFlagDefaults(t *testing.T) {
 	for _, c := range []struct{ cmd, want string }{
 		{"publish", "  -budget value\n    \thow long to keep trying while the API is not reachable (Go duration) (default 5m0s)\n"},
 		{"drain", "(default 10m0s)"},
-		{"plan", "  -o string\n    \toutput: text or json (default \"text\")\n"},
+		{"plan", "  -o string\n    \toutput: text, json or yaml (default \"text\")\n"},
 		{"prune-kubeadm-backups", "(default 1)"},
-		{"version", "  -o string\n    \toutput: text or json (default \"text\")\n"},
+		{"version", "  -o string\n    \toutput: text, json or yaml (default \"text\")\n"},
 	} {
 		_, out, _ := run("help", c.cmd)
 		if !strings.Contains(out, c.want) {
@@ -163,8 +163,8 @@ func TestUsageErrorsAreOneLineAndAHint(t *testing.T) {
 		{[]string{"pin", "set", "--bogus"}, "flag provided but not defined: -bogus", "pin set"},
 		{[]string{"pin"}, "pin: show or set vX.Y.Z", "pin"},
 		{[]string{"version", "x"}, "unexpected arguments: [x]", "version"},
-		{[]string{"version", "-o", "yaml"}, "-o must be text or json, got <a value of 4 characters, not shown>", "version"},
-		{[]string{"plan", "-o", "xml"}, `-o must be text or json, got "xml"`, "plan"},
+		{[]string{"version", "-o", "yml"}, "-o must be text, json or yaml, got <a value of 3 characters, not shown>", "version"},
+		{[]string{"plan", "-o", "xml"}, "-o must be text, json or yaml, got <a value of 3 characters, not shown>", "plan"},
 		{[]string{"join-config", "--root", root, "--role", "master"}, `--role must be worker or controlplane, got "master"`, "join-config"},
 		{[]string{"reset", "--root", root}, "reset removes this node's Kubernetes state", "reset"},
 		{[]string{"collect-manifests", "--root", root}, "collect-manifests: --to DIR is required", "collect-manifests"},

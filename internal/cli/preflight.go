@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,7 +37,7 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs := newFlags("preflight", stdout, stderr)
 	hostRoot := fs.String("host-root", defaultHostRoot(), "the node's root (default: $HOST_DIR, else /host in a Pod, else /)")
 	imageRoot := fs.String("image-root", "/", "the root of the image being upgraded to: this binary's own")
-	out := fs.String("o", "text", "output: text or json")
+	out := outputFlag(fs)
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
@@ -46,9 +45,6 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if !filepath.IsAbs(v) {
 			return fs.usageError(fmt.Sprintf("%s must be an absolute path, got %q", flag, v))
 		}
-	}
-	if *out != "text" && *out != "json" {
-		return fs.usageError(fmt.Sprintf("-o must be text or json, got %q", status.Printable(*out)))
 	}
 	r := preflight.Run(ctx, preflight.Options{HostRoot: paths.Root(*hostRoot), ImageRoot: paths.Root(*imageRoot), Runner: runner.Exec{Root: *imageRoot}})
 
@@ -66,24 +62,24 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		log.Info(preflight.Event, attrs...)
 	}
 
-	if *out == "json" {
-		if err := json.NewEncoder(stdout).Encode(r); err != nil {
-			fmt.Fprintf(stderr, "encode: %s\n", status.Printable(err.Error()))
-			return reconcile.ExitFailed
-		}
-	} else {
-		fmt.Fprintf(stdout, "Preflight: %s\n", r)
+	err := emit(stdout, *out, r, func(w io.Writer) error {
+		fmt.Fprintf(w, "Preflight: %s\n", r)
 		if r.Refused() {
-			fmt.Fprintf(stdout, "Why:      %s\n", status.Printable(r.Message))
+			fmt.Fprintf(w, "Why:      %s\n", status.Printable(r.Message))
 		}
 		if r.NoSection {
-			fmt.Fprintf(stdout, "Message:  %s\n", status.Printable(r.Message))
+			fmt.Fprintf(w, "Message:  %s\n", status.Printable(r.Message))
 			for _, n := range r.Notes {
-				fmt.Fprintf(stdout, "Observed: %s\n", status.Printable(runner.Sanitize(n, 300)))
+				fmt.Fprintf(w, "Observed: %s\n", status.Printable(runner.Sanitize(n, 300)))
 			}
 		} else {
-			printPlan(stdout, r.Observation, r.Plan)
+			printPlan(w, r.Observation, r.Plan)
 		}
+		return nil
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "preflight: %s\n", status.Printable(err.Error()))
+		return reconcile.ExitFailed
 	}
 	if r.Refused() {
 		return reconcile.ExitRefused

@@ -300,7 +300,7 @@ func TestPreflightRoots(t *testing.T) {
 	if got := defaultHostRoot(); got != "/host" {
 		t.Fatalf("in a Pod without HOST_DIR: %q", got)
 	}
-	for _, args := range [][]string{{"--host-root", "host"}, {"--image-root", "img"}, {"-o", "yaml"}, {"extra"}} {
+	for _, args := range [][]string{{"--host-root", "host"}, {"--image-root", "img"}, {"-o", "xml"}, {"extra"}} {
 		if code, out, errOut := run(append([]string{"preflight"}, args...)...); code != reconcile.ExitUsage || out != "" {
 			t.Fatalf("%v: exit %d %q %q", args, code, out, errOut)
 		}

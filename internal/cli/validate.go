@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
-	"github.com/kairos-io/provider-kubernetes/pkg/plan"
 )
 
 // checked is what `validate` found in a cloud-config: -o json prints
@@ -77,7 +75,7 @@ func validateCloudConfig(file string, b []byte) checked {
 // invalid or unreadable, 2 usage. It writes nothing but its output.
 func cmdValidate(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := newFlags("validate", stdout, stderr)
-	out := fs.String("o", "text", "output: text or json")
+	out := outputFlag(fs)
 	file, code, ok := parseArg(fs, args)
 	if !ok {
 		return code
@@ -85,24 +83,16 @@ func cmdValidate(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if file == "" {
 		return fs.usageError("validate: the cloud-config file to check is missing: validate FILE (- reads stdin)")
 	}
-	if *out != "text" && *out != "json" {
-		return fs.usageError("-o must be text or json, got " + plan.Described(*out))
-	}
 	b, err := readCloudConfig(file, stdin)
 	if err != nil {
 		fmt.Fprintf(stderr, "validate: %s\n", status.Printable(err.Error()))
 		return reconcile.ExitFailed
 	}
 	v := validateCloudConfig(file, b)
-	if *out == "json" {
-		e := json.NewEncoder(stdout)
-		e.SetEscapeHTML(false) // a problem's "<64 hex digits>" as written
-		if err := e.Encode(v); err != nil {
-			fmt.Fprintf(stderr, "validate: %s\n", status.Printable(err.Error()))
-			return reconcile.ExitFailed
-		}
-	} else {
-		printValidation(stdout, stderr, v)
+	// json keeps a problem's "<64 hex digits>" as written.
+	if err := emit(stdout, *out, v, func(w io.Writer) error { printValidation(w, stderr, v); return nil }); err != nil {
+		fmt.Fprintf(stderr, "validate: %s\n", status.Printable(err.Error()))
+		return reconcile.ExitFailed
 	}
 	if !v.Valid {
 		return reconcile.ExitFailed

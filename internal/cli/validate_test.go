@@ -226,7 +226,7 @@ func TestValidateSummary(t *testing.T) {
 // as a cloud-config (missing, a symlink, a FIFO, too big) exits 1 without
 // blocking or following.
 func TestValidateUsageAndReads(t *testing.T) {
-	for _, args := range [][]string{{"validate"}, {"validate", "-o", "yaml", "x.yaml"}, {"validate", "a.yaml", "b.yaml"}} {
+	for _, args := range [][]string{{"validate"}, {"validate", "-o", "xml", "x.yaml"}, {"validate", "a.yaml", "b.yaml"}} {
 		code, out, errOut := run(args...)
 		if code != reconcile.ExitUsage || out != "" || len(strings.Split(strings.TrimSpace(errOut), "\n")) != 2 ||
 			!strings.Contains(errOut, "run 'provider-kubernetes validate --help'") {

@@ -32,7 +32,6 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/wait"
 	"github.com/kairos-io/provider-kubernetes/pkg/plan"
-	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
 
 // Bound is how long one preflight may take, every read within it (the
@@ -64,15 +63,8 @@ type Options struct {
 	EtcdHealthy func(ctx context.Context) error
 }
 
-// Facts are the facts decided on, as printed.
-type Facts struct {
-	Member  bool   `json:"member"`
-	Role    string `json:"role"`
-	Pin     string `json:"pin"`
-	Bundled string `json:"bundled"`
-	Node    string `json:"node"`
-	Cluster string `json:"cluster"`
-}
+// Facts are the facts decided on, as printed (plan -o json's too).
+type Facts = plan.Shown
 
 // Result is the preflight's answer.
 type Result struct {
@@ -123,7 +115,7 @@ func Run(ctx context.Context, o Options) Result {
 		wait.Budget{Total: 10 * time.Second, Interval: 2 * time.Second, PerAttempt: b.APIRequest})
 	obs.Notes = append(notes, obs.Notes...)
 	pl := plan.Decide(images.Window(), obs.Facts)
-	r := Result{Plan: pl, Observation: obs, Notes: obs.Notes, Facts: factsOf(obs.Facts)}
+	r := Result{Plan: pl, Observation: obs, Notes: obs.Notes, Facts: obs.Facts.Shown()}
 	refuse := func(c plan.Code, msg string) Result {
 		r.Outcome, r.Refusal, r.Message = OutcomeRefused, c, msg
 		return r
@@ -196,17 +188,6 @@ func gate(ctx context.Context, o Options, host *observe.Observer, obs reconcile.
 	hctx, cancel := context.WithTimeout(ctx, attempt)
 	defer cancel()
 	return plan.DecideHealth(reconcile.ObserveHealth(hctx, o.HostRoot, admin, self, etcd, pl.Has(plan.ActionUpgradeApply), obs.Facts.Cluster, pl.Pin))
-}
-
-func factsOf(f plan.Facts) Facts {
-	return Facts{Member: f.Member, Role: f.Role.Shown(), Pin: plan.ShownPin(f.Pin), Bundled: shown(f.Bundled), Node: shown(f.Node), Cluster: shown(f.Cluster)}
-}
-
-func shown(v version.Version) string {
-	if v.IsZero() {
-		return "unknown"
-	}
-	return v.String()
 }
 
 // lastNotes are the last n notes (why the last facts are unknown).

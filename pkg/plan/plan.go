@@ -130,6 +130,32 @@ type Facts struct {
 	Verified version.Version
 }
 
+// Shown are Facts as printed: the role and the pin as ShownPin and
+// Role.Shown give them (an invalid value described, never quoted), each
+// version, or "unknown". plan -o json and preflight -o json print them
+// under these names, documented in docs/reference.md.
+type Shown struct {
+	Member   bool   `json:"member"`
+	Role     string `json:"role"`
+	Pin      string `json:"pin"`
+	Bundled  string `json:"bundled"`
+	Node     string `json:"node"`
+	Cluster  string `json:"cluster"`
+	Verified string `json:"verified"`
+}
+
+// Shown is f as printed.
+func (f Facts) Shown() Shown {
+	v := func(v version.Version) string {
+		if v.IsZero() {
+			return "unknown"
+		}
+		return v.String()
+	}
+	return Shown{Member: f.Member, Role: f.Role.Shown(), Pin: ShownPin(f.Pin), Bundled: v(f.Bundled), Node: v(f.Node),
+		Cluster: v(f.Cluster), Verified: v(f.Verified)}
+}
+
 // Plan is the decision.
 type Plan struct {
 	Verdict  Verdict  `json:"verdict"`

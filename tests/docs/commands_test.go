@@ -85,9 +85,19 @@ func jsonKeysNamed(t *testing.T, text, stdin string, code int, bin string, args 
 	if jerr := json.Unmarshal(out, &doc); jerr != nil || len(doc) == 0 || cmd.ProcessState.ExitCode() != code {
 		t.Fatalf("%s: %v %v, want exit %d\n%s", strings.Join(args, " "), err, jerr, code, out)
 	}
-	for k := range doc {
+	for k, v := range doc {
 		if !strings.Contains(text, `"`+k+`"`) {
 			t.Errorf("%s prints %q: not in docs/reference.md's Commands", strings.Join(args, " "), k)
+		}
+		// And the keys of an object it holds (plan's facts).
+		var inner map[string]json.RawMessage
+		if json.Unmarshal(v, &inner) != nil {
+			continue
+		}
+		for ik := range inner {
+			if !strings.Contains(text, `"`+ik+`"`) {
+				t.Errorf("%s prints %s.%s: not in docs/reference.md's Commands", strings.Join(args, " "), k, ik)
+			}
 		}
 	}
 }
