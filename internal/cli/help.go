@@ -19,6 +19,8 @@ type command struct {
 	run  func(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	// runIn, when set, runs instead of run: a command that reads stdin.
 	runIn func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int
+	// words are what its first argument may be, for completion.
+	words []string
 }
 
 func (c command) call(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -40,7 +42,7 @@ var commands = []command{
 	{name: "join-config", run: cmdJoinConfig},
 	{name: "reset", run: cmdReset},
 	{name: "etcd-snapshot", run: cmdEtcdSnapshot},
-	{name: "pin", run: func(_ context.Context, args []string, stdout, stderr io.Writer) int {
+	{name: "pin", words: []string{"show", "set"}, run: func(_ context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdPin(args, stdout, stderr)
 	}},
 	{name: "validate", runIn: func(_ context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -54,6 +56,12 @@ var commands = []command{
 	{name: "migrate-units", run: cmdMigrateUnits},
 	{name: "import-images", run: cmdImportImages},
 	{name: "version", run: cmdVersion},
+}
+
+// completion reads the table it completes, so it joins it at init (a
+// table entry naming it would be an initialization cycle).
+func init() {
+	commands = append(commands, command{name: "completion", run: cmdCompletion, words: shells})
 }
 
 func lookup(name string) (command, bool) {
@@ -192,6 +200,14 @@ var helps = map[string]commandHelp{
 		summary:  "Import exactly the image's bundled control-plane images into containerd's k8s.io namespace, refusing any tarball that fails a check. Run by provider-kubernetes-image-import.service.",
 		example:  "import-images",
 		exits:    []exitCode{{reconcile.ExitOK, "imported"}, {reconcile.ExitFailed, "a tarball was refused, or an import failed"}},
+	},
+	"completion": {
+		synopsis: []string{"completion bash|zsh|fish"},
+		summary: "Print a completion script for the shell: the commands, their flags and -o's formats, from the binary's own tables. " +
+			"Load it with: source <(provider-kubernetes completion bash) (zsh: the same with zsh; fish: provider-kubernetes completion fish | source).",
+		example: "completion bash",
+		exits:   []exitCode{{reconcile.ExitOK, "printed"}},
+		usage:   "no shell, or another shell",
 	},
 	"version": {
 		synopsis: []string{"version [-o text|json|yaml]"},

@@ -2,7 +2,9 @@ package docs_test
 
 import (
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -98,6 +100,47 @@ func jsonKeysNamed(t *testing.T, text, stdin string, code int, bin string, args 
 			if !strings.Contains(text, `"`+ik+`"`) {
 				t.Errorf("%s prints %s.%s: not in docs/reference.md's Commands", strings.Join(args, " "), k, ik)
 			}
+		}
+	}
+}
+
+// The completion row's bash line, run as written by real bash with the
+// built binary on PATH, registers a completion that completes a command
+// and a flag; its fish and zsh lines name scripts the binary prints.
+func TestReferenceCompletion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the provider: not in -short mode")
+	}
+	bin := provider(t)
+	row := ""
+	for _, l := range strings.Split(section(t, read(t, "reference.md"), "## Commands"), "\n") {
+		if strings.HasPrefix(l, "| `completion ") {
+			row = strings.ReplaceAll(l, `\|`, "|")
+		}
+	}
+	var lines []string
+	for _, m := range regexp.MustCompile("`([^`]*provider-kubernetes completion [^`]*)`").FindAllStringSubmatch(row, -1) {
+		lines = append(lines, m[1])
+	}
+	if len(lines) != 3 || lines[0] != "source <(provider-kubernetes completion bash)" {
+		t.Fatalf("the completion row shows %q", lines)
+	}
+	script := lines[0] + `
+complete -p provider-kubernetes
+COMP_WORDS=(provider-kubernetes val); COMP_CWORD=1; _provider_kubernetes; echo "${COMPREPLY[*]}"
+COMP_WORDS=(provider-kubernetes drain --for); COMP_CWORD=2; _provider_kubernetes; echo "${COMPREPLY[*]}"
+`
+	cmd := exec.Command("bash", "--norc", "--noprofile", "-c", script)
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"))
+	out, err := cmd.CombinedOutput()
+	if want := "complete -o default -F _provider_kubernetes provider-kubernetes\nvalidate\n--force\n"; err != nil || string(out) != want {
+		t.Fatalf("bash: %v\n%s\nwant\n%s", err, out, want)
+	}
+	for _, l := range lines[1:] {
+		shell := strings.Fields(strings.TrimPrefix(l, "source <("))[2]
+		shell = strings.TrimSuffix(shell, ")")
+		if out, err := exec.Command(bin, "completion", shell).Output(); err != nil || !strings.Contains(string(out), "provider-kubernetes") {
+			t.Errorf("%s: completion %s: %v", l, shell, err)
 		}
 	}
 }
