@@ -2,6 +2,7 @@ package docs_test
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -143,4 +144,57 @@ COMP_WORDS=(provider-kubernetes drain --for); COMP_CWORD=2; _provider_kubernetes
 			t.Errorf("%s: completion %s: %v", l, shell, err)
 		}
 	}
+}
+
+// what-it-refuses.md's plan section says which version flags are usage
+// errors (exit 2) and that --pin is refused as a pass refuses it
+// (InvalidPin, exit 3): the binary does what it says for "1.37.2".
+func TestWhatItRefusesPlanVersionFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the provider: not in -short mode")
+	}
+	bin := provider(t)
+	sec := oneLine(section(t, read(t, "what-it-refuses.md"), "## `plan`"))
+	i, j := strings.Index(sec, "`worker`, and a "), strings.Index(sec, " that is not an exact")
+	pin := strings.Index(sec, "`--pin` is taken as written")
+	if i < 0 || j < i || pin < 0 || !strings.Contains(sec[pin:], "`InvalidPin`, exit 3") {
+		t.Fatalf("what-it-refuses.md's plan section no longer says which version flags are usage errors and what --pin does:\n%s", sec)
+	}
+	facts := []string{"--pin", "v1.37.2", "--bundled", "v1.37.2", "--node-version", "v1.36.3", "--cluster-version", "v1.36.3",
+		"--verified", "v1.36.3", "--role", "controlplane", "--member"}
+	with := func(flag string) []string {
+		args := append([]string{"plan"}, facts...)
+		for k := range args {
+			if args[k] == flag {
+				args[k+1] = "1.37.2"
+			}
+		}
+		return args
+	}
+	flags := regexp.MustCompile("`(--[a-z-]+)`").FindAllStringSubmatch(sec[i:j], -1)
+	if len(flags) != 4 {
+		t.Fatalf("the usage-error sentence names %v", flags)
+	}
+	for _, f := range flags {
+		if code, out := exitCode(t, bin, with(f[1])); code != 2 {
+			t.Errorf("plan %s 1.37.2: exit %d, what-it-refuses.md says a usage error (2)\n%s", f[1], code, out)
+		}
+	}
+	if code, out := exitCode(t, bin, with("--pin")); code != 3 || !strings.Contains(out, "REFUSE InvalidPin") {
+		t.Errorf("plan --pin 1.37.2: exit %d, what-it-refuses.md says InvalidPin, exit 3\n%s", code, out)
+	}
+}
+
+// exitCode runs bin with args: its exit code and its output.
+func exitCode(t *testing.T, bin string, args []string) (int, string) {
+	t.Helper()
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	if ee != nil {
+		return ee.ExitCode(), string(out)
+	}
+	return 0, string(out)
 }
