@@ -173,3 +173,30 @@ func TestEveryRootedCommandRefusesARelativeRoot(t *testing.T) {
 		}
 	}
 }
+
+// The nested providerConfig of earlier releases, in a cluster file plan
+// reads (--cluster-file), is refused with what to write instead: the
+// budget.<name> keys.
+func TestPlanNamesTheBudgetKeysForANestedProviderConfig(t *testing.T) {
+	n := testutil.NewNode(t, "n1")
+	n.Write("/old.yaml", "providerConfig:\n  budgets:\n    verify: 6m\n"+testutil.ClusterSection("init", "v1.37.2", ""), 0o600)
+	code, out, _ := run("plan", "--root", n.Root, "--cluster-file", "/old.yaml", "--bundled", "v1.37.2", "--member=false")
+	if code != reconcile.ExitRefused || !strings.Contains(out, "budget.<name>: <duration> (e.g. budget.verify: 6m)") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	code, out, _ = runStdin("#cloud-config\ncluster:\n  providerConfig:\n    budgets:\n      verify: 6m\n"+indentLines(testutil.ClusterSection("init", "v1.37.2", ""), "  "),
+		"validate", "-")
+	if code != reconcile.ExitFailed || !strings.Contains(out, "budget.<name>: <duration>") {
+		t.Fatalf("validate: exit %d:\n%s", code, out)
+	}
+}
+
+func indentLines(s, prefix string) string {
+	lines := strings.SplitAfter(s, "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = prefix + l
+		}
+	}
+	return strings.Join(lines, "")
+}

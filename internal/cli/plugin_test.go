@@ -275,7 +275,7 @@ func TestPluginBootRejectsBadSections(t *testing.T) {
 		{"invalid YAML in config", section(tok, host, "role: init", "config: |\n    clusterConfiguration:\n      kubernetesVersion: v1.37.2\n     certificateKey: ["+pluginKey), "config: "},
 		{"cluster not a map", "cluster: [a, b]\n", "cluster: must be a map"},
 		{"nested providerConfig (not Kairos's schema)", section(tok, host, "role: init", cfg, "providerConfig:\n    budgets:\n      verify: 6m"),
-			"providerConfig is a flat map of strings (Kairos's schema); the value of budgets is not a string"},
+			"providerConfig is a flat map of strings (Kairos's schema); the value of budgets is not a string: write each budget as its own key, budget.<name>: <duration>"},
 		{"unknown providerConfig key", section(tok, host, "role: init", cfg, "providerConfig:\n    budget.verfy: 6m"), "providerConfig has an unknown key, a key of 12 characters (not shown; did you mean budget.verify?)"},
 		{"bad budget value", section(tok, host, "role: init", cfg, "providerConfig:\n    budget.verify: "+pluginToken), "providerConfig budget.verify is not a positive Go duration"},
 		{"snapshot budget above two minutes", section(tok, host, "role: init", cfg, "providerConfig:\n    budget.etcdSnapshot: 5m"), "may be lowered, not raised"},

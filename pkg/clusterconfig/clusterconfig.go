@@ -226,7 +226,8 @@ func checkKind(key, want string, v *yaml3.Node) []error {
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			problems = append(problems, fmt.Errorf("%w: %s is a flat map of strings (Kairos's schema); the value of %s is not a string", ErrInvalid, key, k))
+			problems = append(problems, fmt.Errorf("%w: %s is a flat map of strings (Kairos's schema); the value of %s is not a string: "+
+				"write each budget as its own key, budget.<name>: <duration> (e.g. budget.verify: 6m), not the nested budgets: of earlier releases", ErrInvalid, key, k))
 		}
 	case "a list of strings":
 		if v.Kind != yaml3.SequenceNode {

@@ -187,7 +187,8 @@ func TestNestedProviderConfigIsRefused(t *testing.T) {
 		t.Fatal("the SDK accepts a nested providerConfig: this test's premise is wrong")
 	}
 	_, err := Parse([]byte(in))
-	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "providerConfig is a flat map of strings (Kairos's schema); the value of budgets is not a string") {
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "providerConfig is a flat map of strings (Kairos's schema); the value of budgets is not a string: "+
+		"write each budget as its own key, budget.<name>: <duration> (e.g. budget.verify: 6m)") {
 		t.Fatalf("%v", err)
 	}
 }
