@@ -548,6 +548,12 @@ func runReset(ctx context.Context, r paths.Root, stdout, stderr io.Writer) int {
 	}
 	defer logFile.Close()
 	res := reset.Run(ctx, reset.Options{Root: r, Runner: runner.Exec{Root: string(r)}, Log: log})
+	if res.ExitCode == reconcile.ExitRefused {
+		// Nothing changed and no status was written: the refusal, not a
+		// document that would describe the node (Member: false) wrongly.
+		fmt.Fprintf(stderr, "reset: refused (%s), nothing changed: %s\n", res.Status.Reason, status.Printable(res.Status.Message))
+		return res.ExitCode
+	}
 	_ = status.Print(stdout, res.Status, "text")
 	return res.ExitCode
 }

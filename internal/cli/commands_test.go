@@ -178,3 +178,19 @@ func TestStatusClusterFindsItsKubeconfigAsKubectl(t *testing.T) {
 		t.Errorf("an unknown context: %s", got)
 	}
 }
+
+// A reset refused (a pass holds the lock) changes nothing and exits 3,
+// saying so, without printing a status document that would show a member
+// as Member: false.
+func TestRefusedResetExits3(t *testing.T) {
+	root := t.TempDir()
+	unlock, err := reconcile.Lock(paths.Root(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	code, out, errOut := run("reset", "--yes", "--root", root)
+	if code != reconcile.ExitRefused || out != "" || !strings.Contains(errOut, "reset: refused (Locked), nothing changed: ") {
+		t.Fatalf("exit %d %q %q", code, out, errOut)
+	}
+}

@@ -144,8 +144,9 @@ var helps = map[string]commandHelp{
 		synopsis: []string{"reset --yes [--root DIR]"},
 		summary:  "Take this node out of Kubernetes: kubeadm reset -f, then empty its Kubernetes directories (never through a symlink). The provider's etcd snapshots are kept.",
 		example:  "reset --yes",
-		exits:    []exitCode{{reconcile.ExitOK, "reset"}, {reconcile.ExitFailed, "failed"}},
-		usage:    "without --yes (nothing changed)",
+		exits: []exitCode{{reconcile.ExitOK, "reset"}, {reconcile.ExitFailed, "failed"},
+			{reconcile.ExitRefused, "refused: a pass holds the node's lock, or the lock file is not one to trust (nothing changed)"}},
+		usage: "without --yes (nothing changed)",
 	},
 	"etcd-snapshot": {
 		synopsis: []string{"etcd-snapshot --target vX.Y.Z [--root DIR]"},

@@ -60,7 +60,9 @@ type Options struct {
 	KubeadmTimeout time.Duration
 }
 
-// Result is the outcome.
+// Result is the outcome. ExitCode is reconcile.ExitRefused for a refusal
+// (nothing changed, no status written: Status is only its reason and
+// message, not the node's state).
 type Result struct {
 	Status   status.Document
 	ExitCode int
@@ -115,7 +117,7 @@ func Run(ctx context.Context, o Options) Result {
 		doc.Reason, doc.Message = reason, oneLine(err.Error(), 2000)
 		doc.Time = o.Now().UTC().Format(time.RFC3339)
 		o.Log.Error(EventReset, "outcome", "refused", "reason", reason, "error", doc.Message)
-		return Result{Status: doc, ExitCode: reconcile.ExitFailed, Err: err}
+		return Result{Status: doc, ExitCode: reconcile.ExitRefused, Err: err}
 	}
 	defer unlock()
 

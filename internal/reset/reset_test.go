@@ -450,7 +450,7 @@ func TestLockedResetChangesNothing(t *testing.T) {
 	}
 
 	res, rec, log := runReset(t, s.root)
-	if res.ExitCode != reconcile.ExitFailed || !errors.Is(res.Err, reconcile.ErrLocked) ||
+	if res.ExitCode != reconcile.ExitRefused || !errors.Is(res.Err, reconcile.ErrLocked) ||
 		res.Status.Phase != status.PhaseResetFailed || res.Status.Reason != ReasonLocked {
 		t.Fatalf("%+v", res)
 	}
