@@ -80,7 +80,7 @@ func Build(w version.Window, cluster version.Version, nodes []Node, now time.Tim
 		}
 		return nodes[i].Name < nodes[j].Name
 	})
-	var problems, cpsBehind, workersBehind []string
+	var problems, cpsBehind, workersBehind, rejoin []string
 	converged := !target.IsZero()
 	for _, n := range nodes {
 		a := func(k string) string { return n.Annotations[status.AnnotationPrefix+k] }
@@ -118,7 +118,12 @@ func Build(w version.Window, cluster version.Version, nodes []Node, now time.Tim
 		if !at && !target.IsZero() {
 			pl := plan.Decide(w, plan.Facts{Member: true, Role: role(n.ControlPlane), Pin: target.String(), Bundled: target, Node: nodeV, Cluster: cluster})
 			r.Next = describe(pl)
-			if n.ControlPlane {
+			if pl.Verdict == plan.VerdictRefuse && (pl.Refusal == plan.SkipLevel || pl.Refusal == plan.PinBehindCluster) {
+				// Two minors or more behind the cluster: no image takes it
+				// there one minor at a time (the cluster is already past
+				// the minor between); it is reset and rejoined.
+				rejoin = append(rejoin, n.Name)
+			} else if n.ControlPlane {
 				cpsBehind = append(cpsBehind, n.Name)
 			} else {
 				workersBehind = append(workersBehind, n.Name)
@@ -127,7 +132,7 @@ func Build(w version.Window, cluster version.Version, nodes []Node, now time.Tim
 		v.Nodes = append(v.Nodes, r)
 	}
 	v.Converged = converged
-	v.NextStep = next(target, cluster, problems, cpsBehind, workersBehind, converged)
+	v.NextStep = next(target, cluster, problems, rejoin, cpsBehind, workersBehind, converged)
 	return v
 }
 
@@ -155,7 +160,7 @@ func describe(pl plan.Plan) string {
 
 // next is the rollout's next step: control planes first, one at a time
 // (the first needs the apply), then the workers; problems first.
-func next(target, cluster version.Version, problems, cps, workers []string, converged bool) string {
+func next(target, cluster version.Version, problems, rejoin, cps, workers []string, converged bool) string {
 	if target.IsZero() {
 		return "the cluster version is unknown"
 	}
@@ -165,6 +170,9 @@ func next(target, cluster version.Version, problems, cps, workers []string, conv
 	var parts []string
 	if len(problems) > 0 {
 		parts = append(parts, "look at "+strings.Join(problems, ", ")+" first (provider-kubernetes status on the node; docs/troubleshooting)")
+	}
+	if len(rejoin) > 0 {
+		parts = append(parts, "reset and rejoin "+strings.Join(rejoin, ", ")+" at "+target.String()+": too far behind the cluster to upgrade one minor at a time (docs/reset-and-rejoin)")
 	}
 	img := fmt.Sprintf("the %s image with pin %s", target.MinorOf(), target)
 	switch {
@@ -186,6 +194,7 @@ func next(target, cluster version.Version, problems, cps, workers []string, conv
 			s += "; then " + strings.Join(workers[1:], ", then ")
 		}
 		parts = append(parts, s)
+	case len(rejoin) > 0:
 	default:
 		parts = append(parts, "every node runs "+target.String()+"; wait for the nodes to be Ready")
 	}
