@@ -49,7 +49,8 @@ type Rendered struct {
 // InitConfiguration with a bootstrap token (derived from cluster_token
 // unless given) and a certificate key (likewise), their
 // ClusterConfiguration with controlPlaneEndpoint defaulted from
-// control_plane_host, and their KubeletConfiguration and
+// control_plane_host, their KubeletConfiguration with the provider's
+// defaults (clusterconfig.WithKubeletDefaults) and their
 // KubeProxyConfiguration. apiVersion and kind are added when absent.
 func RenderInit(c *clusterconfig.Cluster) (Rendered, error) {
 	k, err := c.Validate()
@@ -85,10 +86,9 @@ func RenderInit(c *clusterconfig.Cluster) (Rendered, error) {
 	}
 	r.Endpoint = ep
 
-	docs := []map[string]any{initDoc, clusterDoc}
-	if k.KubeletConfiguration != nil {
-		docs = append(docs, typed(k.KubeletConfiguration, "kubeletConfiguration"))
-	}
+	// The KubeletConfiguration init uploads (kubelet-config) is every
+	// joining node's: the provider's defaults go in here once.
+	docs := []map[string]any{initDoc, clusterDoc, typed(clusterconfig.WithKubeletDefaults(k.KubeletConfiguration), "kubeletConfiguration")}
 	if k.KubeProxyConfiguration != nil {
 		docs = append(docs, typed(k.KubeProxyConfiguration, "kubeProxyConfiguration"))
 	}

@@ -99,6 +99,12 @@ func TestRenderInitDefaults(t *testing.T) {
 	if len(d) != 3 || d["KubeletConfiguration"]["apiVersion"] != "kubelet.config.k8s.io/v1beta1" {
 		t.Fatalf("documents %v", d)
 	}
+	// Graceful node shutdown, which the kubelet leaves off, is on in the
+	// configuration init uploads for every node: 30s, 10s of it for
+	// critical pods (cloud-config.md).
+	if kc := d["KubeletConfiguration"]; kc["shutdownGracePeriod"] != "30s" || kc["shutdownGracePeriodCriticalPods"] != "10s" || kc["failCgroupV1"] != false {
+		t.Fatalf("kubelet configuration %v", kc)
+	}
 	in := d["InitConfiguration"]
 	if in["apiVersion"] != "kubeadm.k8s.io/v1beta4" || get(in, "nodeRegistration", "name") != "cp1" {
 		t.Fatalf("init %v", in)

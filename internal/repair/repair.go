@@ -328,7 +328,7 @@ func localAPIEndpoint(in Input) (map[string]any, bool) {
 // kubelet-start: an InitConfiguration carrying only this node's registration
 // (and, on a control plane, its local API endpoint), the operator's
 // ClusterConfiguration pinned to the target, and the operator's
-// KubeletConfiguration. No bootstrap token, certificate key or discovery
+// KubeletConfiguration with the provider's defaults, as init renders it. No bootstrap token, certificate key or discovery
 // material is copied: kubelet-start needs no secret.
 //
 // A non-empty pkiDir (a worker's: see EmptyPKIDir) becomes the
@@ -371,18 +371,12 @@ func KubeletStartConfig(in Input, pkiDir string) ([]byte, error) {
 	if pkiDir != "" {
 		cluster["certificatesDir"] = pkiDir
 	}
-	docs := []map[string]any{initCfg, cluster}
-	if k.KubeletConfiguration != nil || pkiDir != "" {
-		kc := map[string]any{}
-		for key, v := range k.KubeletConfiguration {
-			kc[key] = v
-		}
-		kc["apiVersion"], kc["kind"] = "kubelet.config.k8s.io/v1beta1", "KubeletConfiguration"
-		if pkiDir != "" {
-			setClientCA(kc, path.Join(caDir, "ca.crt"))
-		}
-		docs = append(docs, kc)
+	kc := clusterconfig.WithKubeletDefaults(k.KubeletConfiguration)
+	kc["apiVersion"], kc["kind"] = "kubelet.config.k8s.io/v1beta1", "KubeletConfiguration"
+	if pkiDir != "" {
+		setClientCA(kc, path.Join(caDir, "ca.crt"))
 	}
+	docs := []map[string]any{initCfg, cluster, kc}
 	var out []byte
 	for i, d := range docs {
 		b, err := yaml.Marshal(d)

@@ -237,7 +237,8 @@ func TestRealKubeadmKubeletStartDryRun(t *testing.T) {
 				t.Fatalf("flags file:\n%s", flags)
 			}
 			kc, err := os.ReadFile(filepath.Join(out, "config.yaml"))
-			if err != nil || !strings.Contains(string(kc), "failCgroupV1: false") || !strings.Contains(string(kc), "cgroupDriver: cgroupfs") {
+			if err != nil || !strings.Contains(string(kc), "failCgroupV1: false") || !strings.Contains(string(kc), "cgroupDriver: cgroupfs") ||
+				!strings.Contains(string(kc), "shutdownGracePeriod: 30s") || !strings.Contains(string(kc), "shutdownGracePeriodCriticalPods: 10s") {
 				t.Fatalf("kubelet config.yaml (%v):\n%s", err, kc)
 			}
 			// The kubelet trusts the cluster CA where it is, not the empty directory.
