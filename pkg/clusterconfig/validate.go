@@ -11,9 +11,9 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"unicode"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
