@@ -140,6 +140,8 @@ type pass struct {
 	raised bool
 	// redecided: the pass decided again once after its cluster moved.
 	redecided bool
+	// certsRead: the certificates were read in this pass (once, at its end).
+	certsRead bool
 }
 
 // event records one Event of this pass for the Node (published after it).
@@ -181,6 +183,8 @@ func Run(ctx context.Context, opts Options) Result {
 	// Read before this pass writes anything: the facts the node knew.
 	if d, err := status.ReadTrusted(opts.Root, paths.StatusMirror); err == nil {
 		p.last = &d
+		// What the node knew of its certificates until this pass reads them.
+		p.doc.Certificates = d.Certificates
 	} else if !errors.Is(err, os.ErrNotExist) {
 		opts.Log.Warn(EventObserve, "note", runner.Sanitize("last known status: "+err.Error(), 400))
 	}
@@ -299,6 +303,7 @@ func (p *pass) carryOut(ctx context.Context, obs Observation, pl plan.Plan) Resu
 		p.Log.Error(ev, "code", string(pl.Refusal), "pin", plan.ShownPin(obs.Facts.Pin), "node", vs(obs.Facts.Node), "bundled", vs(obs.Facts.Bundled),
 			"cluster", vs(obs.Facts.Cluster), "message", pl.Message)
 		p.setDoc(obs, pl, status.PhaseRefused)
+		p.certificates(obs.ControlPlane)
 		p.doc.Reason, p.doc.Refusal, p.doc.Message = pl.Reason, string(pl.Refusal), pl.Message
 		p.event("Warning", pl.Reason, string(pl.Refusal)+": "+pl.Message)
 		p.writeStatus()
@@ -306,6 +311,7 @@ func (p *pass) carryOut(ctx context.Context, obs Observation, pl plan.Plan) Resu
 		return Result{Plan: pl, Status: p.doc, ExitCode: ExitRefused}
 	case plan.VerdictNone:
 		p.setDoc(obs, pl, status.PhaseConverged)
+		p.certificates(obs.ControlPlane)
 		p.doc.Message = pl.Message
 		p.writeStatus()
 		p.Log.Info(EventDone, "outcome", "converged", "node", vs(obs.Facts.Node))
@@ -341,6 +347,9 @@ func (p *pass) carryOut(ctx context.Context, obs Observation, pl plan.Plan) Resu
 	p.doc.Message = "converged at " + pl.Pin.String()
 	// A bootstrap made it a member: the facts were observed before it.
 	p.doc.Member = true
+	// Read after the actions: an upgrade renews the certificates, an init
+	// or a control plane's join writes them.
+	p.certificates(obs.ControlPlane || pl.Has(plan.ActionInit) || (pl.Has(plan.ActionJoin) && obs.Facts.Role.ControlPlane()))
 	if upgrading(pl) {
 		p.event("Normal", status.EventUpgradeFinished, fmt.Sprintf("upgraded to %s and verified (%s)", pl.Pin, actionList(pl.Actions)))
 	}
@@ -669,6 +678,7 @@ func (p *pass) fail(ctx context.Context, obs Observation, pl plan.Plan, action, 
 		err = fmt.Errorf("interrupted (%v) during %s: any running command was killed with its process group; the next pass decides again", cause, at)
 	}
 	p.setDoc(obs, pl, status.PhaseFailed)
+	p.certificates(obs.ControlPlane)
 	p.doc.Reason = reason
 	p.doc.Message = runner.Sanitize(err.Error(), 1000)
 	if action != "" {

@@ -28,6 +28,11 @@ const (
 	KeyLastAction      = "last-action"
 	KeyTime            = "time"
 	KeyBootID          = "boot-id"
+	// KeyCertificateExpiry and KeyCertificateName: when the leaf
+	// certificate of a control plane that expires first does (UTC, RFC
+	// 3339) and kubeadm's name for it; empty on a worker.
+	KeyCertificateExpiry = "certificate-expiry"
+	KeyCertificateName   = "certificate-name"
 )
 
 // MaxAnnotationMessage bounds the message annotation.
@@ -53,6 +58,10 @@ func Annotations(d Document) map[string]string {
 		KeyVerifiedVersion: d.VerifiedVersion, KeyPin: d.Pin, KeyBundled: d.Bundled, KeyClusterVersion: d.ClusterVersion,
 		KeyRefusal: d.Refusal, KeyReason: d.Reason, KeyMessage: NodeMessage(d),
 		KeyLastAction: d.LastAction, KeyTime: d.Time, KeyBootID: d.BootID,
+	}
+	m[KeyCertificateExpiry], m[KeyCertificateName] = "", ""
+	if c := d.Certificates; c != nil && c.Soonest != nil {
+		m[KeyCertificateExpiry], m[KeyCertificateName] = Printable(c.Soonest.NotAfter), Printable(c.Soonest.Name)
 	}
 	out := make(map[string]string, len(m))
 	for k, v := range m {

@@ -57,8 +57,11 @@ type Document struct {
 	// KubeadmEtcdBackups counts kubeadm's own plaintext etcd copies
 	// (/etc/kubernetes/tmp/kubeadm-backup-etcd-*), when there are any.
 	KubeadmEtcdBackups *Backups `json:"kubeadmEtcdBackups,omitempty"`
-	Time               string   `json:"time"`
-	BootID             string   `json:"bootID,omitempty"`
+	// Certificates is when the certificates kubeadm manages on this
+	// control plane expire (none on a worker: internal/certs.Applies).
+	Certificates *Certificates `json:"certificates,omitempty"`
+	Time         string        `json:"time"`
+	BootID       string        `json:"bootID,omitempty"`
 	// Carried names the facts this pass could not read (the API down, a
 	// file unreadable) and took from the last known document instead,
 	// with where from and since when they are known.
@@ -90,6 +93,30 @@ const (
 	EventUpgradeFinished = "UpgradeFinished"
 	EventUpgradeFailed   = "UpgradeFailed"
 )
+
+// Certificates is the expiry of kubeadm's certificates on a control
+// plane: the leaf that expires first, the authority that does, every one
+// read, and what could not be read.
+type Certificates struct {
+	Soonest   *Certificate  `json:"soonest,omitempty"`
+	SoonestCA *Certificate  `json:"soonestCA,omitempty"`
+	All       []Certificate `json:"all,omitempty"`
+	Errors    []string      `json:"errors,omitempty"`
+}
+
+// Certificate is one certificate's expiry, as of the document's time.
+type Certificate struct {
+	Name     string `json:"name"`     // kubeadm's name: apiserver, admin.conf, ca, ...
+	NotAfter string `json:"notAfter"` // UTC, RFC 3339
+	DaysLeft int    `json:"daysLeft"` // whole days left at the document's time, negative once expired
+	CA       bool   `json:"ca,omitempty"`
+	// Carried: this pass could not read it; the last known expiry.
+	Carried bool `json:"carried,omitempty"`
+}
+
+// EventCertificatesExpiring is the Warning Event of a certificate under
+// 30 days from its expiry.
+const EventCertificatesExpiring = "CertificatesExpiring"
 
 // Backups summarises kubeadm's etcd backup copies.
 type Backups struct {
@@ -189,6 +216,28 @@ func Bounded(doc Document, limit int) Document {
 		c := *b
 		c.Dir = f(c.Dir)
 		d.KubeadmEtcdBackups = &c
+	}
+	if c := d.Certificates; c != nil {
+		cert := func(x Certificate) Certificate {
+			x.Name, x.NotAfter = f(x.Name), f(x.NotAfter)
+			return x
+		}
+		n := &Certificates{Errors: list(c.Errors, "errors")}
+		if c.Soonest != nil {
+			s := cert(*c.Soonest)
+			n.Soonest = &s
+		}
+		if c.SoonestCA != nil {
+			s := cert(*c.SoonestCA)
+			n.SoonestCA = &s
+		}
+		for i, x := range c.All {
+			if i == MaxItems {
+				break
+			}
+			n.All = append(n.All, cert(x))
+		}
+		d.Certificates = n
 	}
 	if c := d.Carried; c != nil {
 		d.Carried = &Carried{Fields: list(c.Fields, "fields"), From: f(c.From), Since: f(c.Since)}
@@ -295,6 +344,19 @@ func Print(w io.Writer, doc Document, format string) error {
 	line("etcd snapshot", doc.EtcdSnapshot)
 	if b := doc.KubeadmEtcdBackups; b != nil {
 		line("kubeadm backups", fmt.Sprintf("%d etcd copies, %s, in %s", b.Count, HumanBytes(b.Bytes), b.Dir))
+	}
+	if c := doc.Certificates; c != nil {
+		for _, x := range []struct {
+			k string
+			c *Certificate
+		}{{"Certificates", c.Soonest}, {"Certificate CA", c.SoonestCA}} {
+			if x.c != nil {
+				line(x.k, fmt.Sprintf("%s expires first, %s (%d days left)", x.c.Name, x.c.NotAfter, x.c.DaysLeft))
+			}
+		}
+		for _, e := range c.Errors {
+			line("Certificate", e)
+		}
 	}
 	for _, w := range doc.Warnings {
 		line("Warning", w)
