@@ -25,6 +25,7 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/kube"
+	"github.com/kairos-io/provider-kubernetes/internal/metrics"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
@@ -88,6 +89,9 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	// The metrics textfile, again after the pass (whatever the API does):
+	// the directory the cluster file's providerConfig names, else the default.
+	metricsErr := writeMetrics(o.Root, d)
 	if !d.Member {
 		o.Log.Info(Event, "outcome", "nothing", "detail", "not a cluster member: no Node to publish on")
 		return fmt.Errorf("%w: not a member", ErrNothing)
@@ -178,6 +182,9 @@ func Run(ctx context.Context, o Options) error {
 	if clusterErr != nil {
 		attrs = append(attrs, "detail", "cluster version not read: "+runner.Sanitize(clusterErr.Error(), 300))
 	}
+	if metricsErr != nil {
+		attrs = append(attrs, "metrics", "not written: "+runner.Sanitize(metricsErr.Error(), 300))
+	}
 	if err != nil {
 		attrs[1] = "failed"
 		o.Log.Error(Event, append(attrs, "error", runner.Sanitize(err.Error(), 400))...)
@@ -194,4 +201,17 @@ func Run(ctx context.Context, o Options) error {
 	}
 	o.Log.Info(Event, attrs...)
 	return nil
+}
+
+// writeMetrics writes the node_exporter textfile of d (internal/metrics)
+// where the cluster file's providerConfig says (unread or invalid: the
+// default directory).
+func writeMetrics(root paths.Root, d status.Document) error {
+	dir := metrics.DefaultDir
+	if cfg, err := (&observe.Observer{Root: root}).Config(); err == nil && cfg.Cluster != nil {
+		if v, err := metrics.Dir(cfg.Cluster.ProviderConfig); err == nil {
+			dir = v
+		}
+	}
+	return metrics.Write(root, dir, d)
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kairos-io/provider-kubernetes/internal/metrics"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
@@ -271,5 +272,26 @@ func TestPublishWritesTheMarkerUnderThePassLock(t *testing.T) {
 	}
 	if !e.node.Exists(paths.PublishedMarker) {
 		t.Fatal("no marker once the lock was free")
+	}
+}
+
+// Publish writes the metrics textfile from the last pass's document, API
+// or not, where the cluster file's providerConfig says.
+func TestPublishWritesMetrics(t *testing.T) {
+	e := newEnv(t)
+	d := doc(status.PhaseRefused)
+	d.Member = false
+	if err := status.Write(e.node.R(), d); err != nil {
+		t.Fatal(err)
+	}
+	e.node.ClusterFile("worker", "v1.37.2", "providerConfig:\n  metrics.textfileDir: /srv/metrics\n")
+	if err := e.run(t, time.Minute); !errors.Is(err, ErrNothing) {
+		t.Fatalf("not a member: %v", err)
+	}
+	got := e.node.Read("/srv/metrics/" + metrics.File)
+	for _, want := range []string{`provider_kubernetes_phase{phase="Refused"} 1`, `provider_kubernetes_outcome{outcome="refused"} 1`, "provider_kubernetes_outcome_timestamp_seconds 1795953600"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("no %q in:\n%s", want, got)
+		}
 	}
 }

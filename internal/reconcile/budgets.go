@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kairos-io/provider-kubernetes/internal/metrics"
 	"github.com/kairos-io/provider-kubernetes/internal/repair"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 )
@@ -183,11 +184,18 @@ func (b Budgets) withOverrides(providerConfig map[string]string) (Budgets, []err
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
+		if k == metrics.Key {
+			// Not a budget: the metrics textfile's directory (or off).
+			if _, err := metrics.Dir(providerConfig); err != nil {
+				problems = append(problems, fmt.Errorf("%w: %w", ErrProviderConfig, err))
+			}
+			continue
+		}
 		name, isBudget := strings.CutPrefix(k, BudgetKeyPrefix)
 		f, ok := fields[name]
 		if !isBudget || !ok {
-			problems = append(problems, fmt.Errorf("%w: providerConfig has an unknown key, %s: the keys are %s (a Go duration each, e.g. budget.verify: 6m)",
-				ErrProviderConfig, clusterconfig.ShownKey(k, BudgetKeys()), strings.Join(BudgetKeys(), ", ")))
+			problems = append(problems, fmt.Errorf("%w: providerConfig has an unknown key, %s: the keys are %s (a Go duration each, e.g. budget.verify: 6m), and %s",
+				ErrProviderConfig, clusterconfig.ShownKey(k, append(BudgetKeys(), metrics.Key)), strings.Join(BudgetKeys(), ", "), metrics.Key))
 			continue
 		}
 		d, err := time.ParseDuration(strings.TrimSpace(providerConfig[k]))

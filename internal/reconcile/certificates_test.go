@@ -7,12 +7,14 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kairos-io/provider-kubernetes/internal/metrics"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
@@ -108,5 +110,48 @@ func TestWorkerReportsNoCertificates(t *testing.T) {
 	}
 	if strings.Contains(e.logBuf.String(), "msg="+EventCertificates) {
 		t.Fatalf("a worker logged certificates:\n%s", e.logBuf.String())
+	}
+}
+
+// TestPassWritesMetrics: the textfile follows the pass (a control plane's
+// soonest certificate in it); providerConfig moves it or turns it off.
+func TestPassWritesMetrics(t *testing.T) {
+	textfile := metrics.DefaultDir + "/" + metrics.File
+	e := newEnv(t, "init", "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "")
+	soon := e.clock.Now().UTC().Add(40 * 24 * time.Hour).Truncate(time.Second)
+	e.node.Write(paths.PKIDir+"/apiserver.crt", certExpiring(t, "kube-apiserver", soon), 0o644)
+	if res := e.run(Steps{}); res.ExitCode != ExitOK {
+		t.Fatalf("exit %d: %v", res.ExitCode, res.Err)
+	}
+	got := e.node.Read(textfile)
+	for _, want := range []string{`provider_kubernetes_phase{phase="Converged"} 1`, `provider_kubernetes_outcome{outcome="converged"} 1`,
+		fmt.Sprintf(`provider_kubernetes_certificate_expiry_timestamp_seconds{certificate="apiserver",ca="false"} %d`, soon.Unix()),
+		"provider_kubernetes_at_pin 1"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("no %q in the textfile:\n%s", want, got)
+		}
+	}
+
+	e.node.Write(paths.ClusterFile, e.node.Read(paths.ClusterFile)+"providerConfig:\n  metrics.textfileDir: /srv/metrics\n", 0o600)
+	if res := e.run(Steps{}); res.ExitCode != ExitOK {
+		t.Fatalf("exit %d: %v", res.ExitCode, res.Err)
+	}
+	if !strings.Contains(e.node.Read("/srv/metrics/"+metrics.File), `provider_kubernetes_phase{phase="Converged"} 1`) {
+		t.Fatal("not written where providerConfig says")
+	}
+
+	e = newEnv(t, "worker", "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "")
+	e.node.Write(paths.ClusterFile, e.node.Read(paths.ClusterFile)+"providerConfig:\n  metrics.textfileDir: \"off\"\n", 0o600)
+	if res := e.run(Steps{}); res.ExitCode != ExitOK {
+		t.Fatalf("exit %d: %v", res.ExitCode, res.Err)
+	}
+	if e.node.Exists(textfile) {
+		t.Fatal("written although turned off")
+	}
+
+	e = newEnv(t, "worker", "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "")
+	e.node.Write(paths.ClusterFile, e.node.Read(paths.ClusterFile)+"providerConfig:\n  metrics.textfileDir: relative/dir\n", 0o600)
+	if res := e.run(Steps{}); res.ExitCode != ExitFailed || e.status(t).Reason != ReasonConfigFailed || !strings.Contains(e.status(t).Message, metrics.Key) {
+		t.Fatalf("a relative textfile directory: exit %d %+v", res.ExitCode, e.status(t))
 	}
 }

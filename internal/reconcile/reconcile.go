@@ -20,6 +20,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/kubeadmbackup"
+	"github.com/kairos-io/provider-kubernetes/internal/metrics"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
@@ -46,6 +47,7 @@ const (
 	EventRefuseBoot     = "refuse-bootstrap"
 	EventDone           = "reconcile-done"
 	EventStatusFailed   = "status-write-failed"
+	EventMetricsFailed  = "metrics-write-failed"
 	EventStepUnavailble = "step-unavailable"
 	EventObserve        = "observe"
 	EventVerifiedRecord = "verified-record"
@@ -142,6 +144,10 @@ type pass struct {
 	redecided bool
 	// certsRead: the certificates were read in this pass (once, at its end).
 	certsRead bool
+	// metricsDir is the metrics textfile's directory ("" turned off);
+	// metricsFailed: its write failed once in this pass (logged once).
+	metricsDir    string
+	metricsFailed bool
 }
 
 // event records one Event of this pass for the Node (published after it).
@@ -176,7 +182,7 @@ func Run(ctx context.Context, opts Options) Result {
 	}
 	defer unlock()
 
-	p := &pass{Options: opts}
+	p := &pass{Options: opts, metricsDir: metrics.DefaultDir}
 	p.obs = &observe.Observer{Root: opts.Root, ClusterFile: opts.ClusterFile, Runner: opts.Runner, Clock: opts.Clock,
 		APITimeout: opts.Budgets.APIRequest, Log: opts.Log}
 	p.doc.BootID = p.obs.BootID()
@@ -251,6 +257,8 @@ func (p *pass) run(ctx context.Context) Result {
 			return p.fail(ctx, obs, plan.Plan{}, "", ReasonConfigFailed, err)
 		}
 		p.Budgets = b
+		// Checked with the budgets above.
+		p.metricsDir, _ = metrics.Dir(obs.Config.Cluster.ProviderConfig)
 	}
 	obs.Budgets = p.Budgets
 	pl := plan.Decide(images.Window(), obs.Facts)
@@ -768,6 +776,10 @@ func (p *pass) writeStatus() {
 	p.doc.Events = p.events
 	if err := status.Write(p.Root, p.doc); err != nil {
 		p.Log.Error(EventStatusFailed, "error", err.Error())
+	}
+	if err := metrics.Write(p.Root, p.metricsDir, p.doc); err != nil && !p.metricsFailed {
+		p.metricsFailed = true
+		p.Log.Warn(EventMetricsFailed, "error", runner.Sanitize(err.Error(), 300))
 	}
 }
 

@@ -332,7 +332,7 @@ var BudgetNames = []string{"apiRequest", "clusterVersion", "controlPlaneHealth",
 // providerConfigKeys are the providerConfig keys an error may name: the
 // budgets, and the nested budgets: of old releases (refused by name).
 func providerConfigKeys() []string {
-	keys := []string{"budgets"}
+	keys := []string{"budgets", "metrics.textfileDir"}
 	for _, n := range BudgetNames {
 		keys = append(keys, "budget."+n)
 	}

@@ -16,6 +16,7 @@ import (
 	pluggable "github.com/mudler/go-pluggable"
 
 	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/metrics"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/publish"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
@@ -195,9 +196,13 @@ func TestReferenceBudgets(t *testing.T) {
 			t.Errorf("%s: docs/reference.md says %q, the default is %s", k, row[1], want)
 		}
 	}
+	// The one key that is not a budget: the metrics textfile's directory.
+	if row, ok := rows[metrics.Key]; !ok || len(row) < 3 || row[1] != "`"+metrics.DefaultDir+"`" || !strings.Contains(row[2], "`"+metrics.Off+"`") {
+		t.Errorf("docs/reference.md: %s is not documented with its default %s and %s: %q", metrics.Key, metrics.DefaultDir, metrics.Off, row)
+	}
 	for k := range rows {
-		if !contains(keys, k) {
-			t.Errorf("docs/reference.md documents %s, not a budget key", k)
+		if !contains(keys, k) && k != metrics.Key {
+			t.Errorf("docs/reference.md documents %s, not a providerConfig key", k)
 		}
 	}
 	text := oneLine(sec)
@@ -316,5 +321,31 @@ func TestUpgradeVersionTable(t *testing.T) {
 		if strings.Join(row, "|") != strings.Join(want, "|") {
 			t.Errorf("upgrade.md's row for %s is %q, versions.yaml says %q", e.ImageTag, row, want)
 		}
+	}
+}
+
+// TestReferenceMetrics: the Metrics section names every metric the
+// textfile carries (a control plane's, which has them all), and no other.
+func TestReferenceMetrics(t *testing.T) {
+	page := read(t, "reference.md")
+	rows := tableRows(section(t, page, "## Metrics"))
+	d := status.Document{Phase: status.PhaseConverged, Pin: "v1.37.2", NodeVersion: "v1.37.2", Time: "2026-12-03T12:00:00Z",
+		Certificates: &status.Certificates{Soonest: &status.Certificate{Name: "apiserver", NotAfter: "2027-12-03T11:00:00Z"}}}
+	names := map[string]bool{}
+	for _, l := range strings.Split(string(metrics.Render(d)), "\n") {
+		if f := strings.Fields(l); len(f) >= 3 && f[0] == "#" && f[1] == "TYPE" {
+			names[f[2]] = true
+			if _, ok := rows[f[2]]; !ok {
+				t.Errorf("docs/reference.md does not document the metric %s", f[2])
+			}
+		}
+	}
+	for k := range rows {
+		if !names[k] {
+			t.Errorf("docs/reference.md documents %s, which the textfile does not carry", k)
+		}
+	}
+	if len(names) != 5 {
+		t.Fatalf("%d metrics: %v", len(names), names)
 	}
 }
