@@ -1,14 +1,7 @@
 package reconcile
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"os"
 	"strings"
 	"testing"
@@ -20,21 +13,12 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
 
-// certExpiring is a self-signed PEM certificate expiring at notAfter (the
-// real kubeadm's PKI is read in internal/certs; here the pass's use of it).
+// certExpiring is a PEM certificate expiring at notAfter (the real
+// kubeadm's PKI is read in internal/certs; here the pass's use of it).
 func certExpiring(t *testing.T, cn string, notAfter time.Time) string {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
-		NotBefore: notAfter.Add(-365 * 24 * time.Hour), NotAfter: notAfter}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	cert, _ := testutil.ClientCertUntil(t, cn, notAfter)
+	return string(cert)
 }
 
 func TestControlPlaneReportsItsCertificates(t *testing.T) {

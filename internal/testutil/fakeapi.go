@@ -624,15 +624,25 @@ func StaticPod(name, container, image string) *corev1.Pod {
 // the given common name (kubelet certificates are "system:node:NAME").
 func ClientCert(t testing.TB, cn string) (certPEM, keyPEM []byte) {
 	t.Helper()
+	return ClientCertUntil(t, cn, time.Now().Add(24*time.Hour))
+}
+
+// ClientCertUntil is ClientCert expiring at notAfter.
+func ClientCertUntil(t testing.TB, cn string, notAfter time.Time) (certPEM, keyPEM []byte) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
+	notBefore := time.Now().Add(-time.Hour)
+	if notAfter.Before(notBefore) {
+		notBefore = notAfter.Add(-time.Hour)
+	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()),
 		Subject:      pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
+		NotBefore:    notBefore,
+		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
