@@ -52,7 +52,7 @@ func convergedNodeAPI(b *testing.B, role string) (*testutil.Node, *testutil.API)
 // BenchmarkConvergedPass is a whole boot-time pass on a converged node of a
 // sandbox root: lock, cluster file, bundle manifest, membership, node
 // version, the verified record (at the pin: no API read), plan, status
-// (two atomic writes, the metrics textfile a third beside them), log lines to a real file. Target: under 20 ms and
+// (two atomic writes), log lines to a real file. Target: under 20 ms and
 // zero execs.
 func BenchmarkConvergedPass(b *testing.B) {
 	for _, role := range []string{"controlplane", "worker"} {

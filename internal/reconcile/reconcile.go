@@ -774,19 +774,10 @@ func (p *pass) kubeadmBackups() {
 func (p *pass) writeStatus() {
 	p.doc.Time = p.Now().UTC().Format(time.RFC3339)
 	p.doc.Events = p.events
-	// The metrics textfile beside the status files, at once: one more
-	// fsynced write after them doubled what a converged pass took.
-	var merr error
-	wrote := make(chan struct{})
-	go func() {
-		defer close(wrote)
-		merr = metrics.Write(p.Root, p.metricsDir, p.doc)
-	}()
 	if err := status.Write(p.Root, p.doc); err != nil {
 		p.Log.Error(EventStatusFailed, "error", err.Error())
 	}
-	<-wrote
-	if err := merr; err != nil && !p.metricsFailed {
+	if err := metrics.Write(p.Root, p.metricsDir, p.doc); err != nil && !p.metricsFailed {
 		p.metricsFailed = true
 		p.Log.Warn(EventMetricsFailed, "error", runner.Sanitize(err.Error(), 300))
 	}
