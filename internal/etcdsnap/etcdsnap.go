@@ -681,15 +681,10 @@ func (a *attempt) save(ctx context.Context, v cryptgate.Verdict, clusterID uint6
 		cleanup()
 		return failed("verify snapshot: %v", err)
 	}
-	if err := seal(fullPart); err != nil {
+	if err := Commit(a.dir, partName, finalName); err != nil {
 		cleanup()
 		return failed("%v", err)
 	}
-	if err := unix.Renameat2(dfd, partName, dfd, finalName, unix.RENAME_NOREPLACE); err != nil {
-		cleanup()
-		return failed("rename %s: %v", part, err)
-	}
-	_ = unix.Fsync(dfd)
 	if err := a.stillAt(); err != nil {
 		_ = unix.Unlinkat(dfd, finalName, 0)
 		return failed("%v: the snapshot does not count", err)
@@ -698,6 +693,24 @@ func (a *attempt) save(ctx context.Context, v cryptgate.Verdict, clusterID uint6
 		SaveTook: t1.Sub(t0), VerifyTook: time.Since(t1)}
 	res.Pruned = a.prune(filepath.Base(final))
 	return res
+}
+
+// Commit is the atomic end of a save, in the held directory dir: the
+// verified partName is made 0600 root:root and durable (fsync), renamed to
+// finalName (never over an existing file) and the rename made durable (the
+// directory's fsync). A power cut at any point leaves either no finalName
+// or the whole snapshot there (tests/powercut cuts a real kernel's disk
+// during it). On failure partName is left for the caller to remove.
+func Commit(dir *os.File, partName, finalName string) error {
+	if err := seal(fsutil.HandlePath(dir) + "/" + partName); err != nil {
+		return err
+	}
+	dfd := int(dir.Fd())
+	if err := unix.Renameat2(dfd, partName, dfd, finalName, unix.RENAME_NOREPLACE); err != nil {
+		return fmt.Errorf("rename %s: %w", filepath.Join(dir.Name(), partName), err)
+	}
+	_ = unix.Fsync(dfd)
+	return nil
 }
 
 // seal makes the verified file 0600 root:root and durable.

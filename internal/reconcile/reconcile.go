@@ -198,8 +198,10 @@ func Run(ctx context.Context, opts Options) Result {
 	return p.run(ctx)
 }
 
-// writeVerified records v as the version this node was last verified at.
-func writeVerified(root paths.Root, v version.Version) error {
+// WriteVerified records v as the version this node was last verified at
+// (paths.VerifiedRecord, atomically: tests/powercut cuts a real kernel's
+// disk during it).
+func WriteVerified(root paths.Root, v version.Version) error {
 	full := root.Path(paths.VerifiedRecord)
 	if err := fsutil.MkdirAllMode(filepath.Dir(full), 0o755); err != nil {
 		return err
@@ -364,7 +366,7 @@ func (p *pass) carryOut(ctx context.Context, obs Observation, pl plan.Plan) Resu
 	if pl.Has(plan.ActionVerify) || pl.Has(plan.ActionInit) || pl.Has(plan.ActionJoin) {
 		// Only now is the node known to run the pin: a crash before this
 		// line makes the next boot finish the kubelet restart and verify.
-		if err := writeVerified(p.Root, pl.Pin); err != nil {
+		if err := WriteVerified(p.Root, pl.Pin); err != nil {
 			p.Log.Warn(EventVerifiedRecord, "outcome", "failed", "error", runner.Sanitize(err.Error(), 300))
 			p.doc.Warnings = append(p.doc.Warnings, "the verified-version record was not written (the next boot verifies again): "+runner.Sanitize(err.Error(), 300))
 		} else {

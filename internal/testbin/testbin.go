@@ -445,10 +445,17 @@ const ProviderTags = "grpcnotrace"
 // `make build` and the image make it: static (CGO_ENABLED=0), -trimpath,
 // stripped, ProviderTags.
 func BuildProvider(ctx context.Context, out string) error {
-	if err := goBuild(ctx, moduleRoot(), out, "./cmd/provider-kubernetes", "-s -w", ProviderTags, false, io.Discard); err != nil {
+	if err := BuildStatic(ctx, "./cmd/provider-kubernetes", out); err != nil {
 		return fmt.Errorf("build the provider: %w", err)
 	}
 	return nil
+}
+
+// BuildStatic builds pkg of this module ("./cmd/provider-kubernetes", a
+// test's guest program) at out as the provider is built: static
+// (CGO_ENABLED=0), stripped, ProviderTags.
+func BuildStatic(ctx context.Context, pkg, out string) error {
+	return goBuild(ctx, moduleRoot(), out, pkg, "-s -w", ProviderTags, false, io.Discard)
 }
 
 // Provider is BuildProvider into a new temporary directory of t, bounded
