@@ -1,12 +1,13 @@
 // Package vmtest boots a Debian kernel under QEMU (TCG: this machine has no
 // KVM) on an initramfs built by the test, for the proofs that need a real
 // kernel with device-mapper: the encryption gate's verdicts
-// (internal/cryptgate) and a snapshot taken on dm-crypt (internal/etcdsnap).
+// (internal/cryptgate), a snapshot taken on dm-crypt (internal/etcdsnap)
+// and a power cut during the atomic writes (tests/powercut, dm-flakey).
 //
-// .ci/run installs qemu-system-x86, busybox-static, cryptsetup-bin, xfsprogs,
-// e2fsprogs and kmod, unpacks the kernel (.ci/vm-kernel.sh) into the test
-// cache and sets PROVIDER_KUBERNETES_VM=required (and CI=true), either of
-// which turns every skip below into a failure.
+// .ci/run installs qemu-system-x86, busybox-static, cryptsetup-bin, dmsetup,
+// xfsprogs, e2fsprogs and kmod, unpacks the kernel (.ci/vm-kernel.sh) into
+// the test cache and sets PROVIDER_KUBERNETES_VM=required (and CI=true),
+// either of which turns every skip below into a failure.
 package vmtest
 
 import (
