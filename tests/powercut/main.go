@@ -25,8 +25,10 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -35,6 +37,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -236,13 +240,14 @@ func hold(root paths.Root, which []string, at string) error {
 	}
 }
 
-// cut loads table for the dm device dev: dm-flakey up for its up interval
-// (whole seconds, counted by the kernel from the load) and dropping every
-// write after it, a power cut at a moment no syscall boundary chose. After
-// delay it writes which, with noise (another process) alongside, until
-// well past the cut; then it prints every line with its CLOCK_MONOTONIC time (ns)
-// and "CUT-WINDOW FROM TO", the earliest and latest moments the cut can
-// have come.
+// cut writes which, with noise (another process) alongside, and once the
+// first call returned and delay passed, loads table for the dm device
+// dev: dm-flakey up for its up interval (whole seconds, counted by the
+// kernel from the load) and dropping every write after it, a power cut at
+// a moment no syscall boundary chose. It goes on writing until well past
+// the cut, then prints "CUT-WINDOW FROM TO", the earliest and latest
+// moments the cut can have come, and every line with its CLOCK_MONOTONIC
+// time (ns).
 func cut(root paths.Root, which []string, delay time.Duration, dev, table string) error {
 	f := strings.Fields(table)
 	if len(f) < 9 || f[2] != "flakey" || f[8] != "drop_writes" {
@@ -253,32 +258,61 @@ func cut(root paths.Root, which []string, delay time.Duration, dev, table string
 		return err
 	}
 	up := int64(upSec) * int64(time.Second)
-	if err := dmsetup("suspend", "--nolockfs", dev); err != nil {
-		return err
-	}
-	t0, t1, err := load(dev, table)
-	if err != nil {
-		return err
-	}
-	if err := dmsetup("resume", dev); err != nil {
-		return err
-	}
-	lines := []string{fmt.Sprintf("CUT-WINDOW %d %d", t0+up, t1+up)}
-	logf := func(format string, a ...any) {
-		lines = append(lines, fmt.Sprintf(format, a...)+" "+strconv.FormatInt(mono(), 10))
-	}
-	end := t1 + up + int64(300*time.Millisecond)
-	past := func(string, int) bool { return mono() > end }
-	time.Sleep(delay)
+
 	nz := exec.Command("/proc/self/exe", "noise", string(root))
 	nz.Stdout, nz.Stderr = os.Stdout, os.Stderr // its ERROR, if any
 	if err := nz.Start(); err != nil {
 		return err
 	}
-	err = writeLoop(root, which, logf, past)
-	_ = nz.Process.Kill()
-	_ = nz.Wait()
-	fmt.Println(strings.Join(lines, "\n"))
+	defer func() {
+		_ = nz.Process.Kill()
+		_ = nz.Wait()
+	}()
+	var (
+		mu       sync.Mutex
+		lines    []string
+		end      atomic.Int64 // when to stop writing: set once the cut is timed
+		returned = make(chan struct{})
+		once     sync.Once
+		written  = make(chan error, 1)
+	)
+	end.Store(math.MaxInt64)
+	logf := func(format string, a ...any) {
+		l := fmt.Sprintf(format, a...)
+		mu.Lock()
+		lines = append(lines, l+" "+strconv.FormatInt(mono(), 10))
+		mu.Unlock()
+		if strings.HasPrefix(l, "RETURNED ") {
+			once.Do(func() { close(returned) })
+		}
+	}
+	go func() {
+		written <- writeLoop(root, which, logf, func(string, int) bool { return mono() > end.Load() })
+	}()
+	// A cut before any call returned would test nothing.
+	select {
+	case <-returned:
+	case err := <-written:
+		return fmt.Errorf("no call returned: %v", err)
+	case <-time.After(2 * time.Minute):
+		return errors.New("no call returned within 2 minutes")
+	}
+	time.Sleep(delay)
+	if err := dmsetup("suspend", "--nolockfs", dev); err != nil {
+		return err
+	}
+	t0, t1, err := load(dev, table)
+	if rerr := dmsetup("resume", dev); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return err
+	}
+	end.Store(t1 + up + int64(300*time.Millisecond))
+	err = <-written
+	mu.Lock()
+	defer mu.Unlock()
+	fmt.Printf("CUT-WINDOW %d %d\n%s\n", t0+up, t1+up, strings.Join(lines, "\n"))
 	return err
 }
 
