@@ -147,8 +147,8 @@ func TestTroubleshootingPage(t *testing.T) {
 			t.Fatal("docs/troubleshooting.md does not name outcome=locked")
 		}
 		n.docOK(p, "grep 'msg=reconcile-done'", "msg=reconcile-done outcome=locked ")
-		if out, code := n.provider("reset", "--yes"); code != 1 {
-			t.Fatalf("a reset while a pass runs: exit %d\n%s", code, out)
+		if out, code := n.provider("reset", "--yes"); code != 3 {
+			t.Fatalf("a reset while a pass runs: exit %d, want 3 (refused)\n%s", code, out)
 		}
 		n.docOK(p, "grep 'msg=reset '", "msg=reset outcome=refused reason=Locked ")
 
