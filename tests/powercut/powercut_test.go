@@ -19,7 +19,10 @@ package main
 // cut-* round has the kernel cut (dm-flakey's up interval ends) at a moment
 // no syscall boundary chose, while the writer writes and another process
 // fsyncs files of its own, as etcd and the kubelet do on a node, forcing
-// XFS's log at moments of their own.
+// XFS's log at moments of their own. A dm-delay device between XFS and the
+// cut holds every write 20 ms, as a slow disk would: a writer's data is
+// long in flight while those fsyncs make its other changes durable (a
+// truncation, say), the moments a write that is not atomic shows torn.
 //
 // XFS because, unlike ext4 (auto_da_alloc), it has no heuristic that
 // flushes a file renamed over another: a missing fsync shows as an empty
@@ -60,10 +63,13 @@ dmsetup create pc --table "$UP" || fail dmsetup create
 # As xfstests' _load_flakey_table: no filesystem freeze (it would sync).
 table() { dmsetup suspend --nolockfs pc && dmsetup load pc --table "$1" && dmsetup resume pc; }
 mkfs.xfs -q /dev/mapper/pc || fail mkfs.xfs
+# Above the cut, every write held 20 ms (reads not): a slow disk, a
+# writer's data long in flight. One held at the cut is lost with the rest.
+dmsetup create pcd --table "0 $S delay /dev/mapper/pc 0 0 /dev/mapper/pc 0 20" || fail dmsetup create delay
 mkdir -p /mnt/pc
 echo "GUEST: $(dmsetup table pc), up $(cut -d' ' -f1 /proc/uptime)s"
 start() { # NAME
-  mount -t xfs /dev/mapper/pc /mnt/pc || fail mount $1
+  mount -t xfs /dev/mapper/pcd /mnt/pc || fail mount $1
   /powercut init /mnt/pc > /tmp/init.out 2>&1 || { cat /tmp/init.out; fail init $1; }
   LOG=/tmp/write-$1.log # one per round: a round never reads another's HOLD
 }
@@ -74,7 +80,7 @@ finish() { # NAME
   [ -z "$W" ] || { kill -KILL $W; wait $W; W=; }
   umount /mnt/pc || fail umount $1
   table "$UP" || fail uncut $1
-  mount -t xfs /dev/mapper/pc /mnt/pc || fail remount $1
+  mount -t xfs /dev/mapper/pcd /mnt/pc || fail remount $1
   /powercut check /mnt/pc 2>&1 | sed "s/^/PC-$1: /"
   rm -rf /mnt/pc/run /mnt/pc/usr /mnt/pc/noise && umount /mnt/pc || fail clean $1
   echo "GUEST: round $1 done, up $(cut -d' ' -f1 /proc/uptime)s"
@@ -123,7 +129,7 @@ func TestPowerCut(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	r := rand.New(rand.NewPCG(seed, 0))
 	for _, k := range []string{kindStatus, kindVerified, kindSnapshot, all} {
-		for i := 0; i < 4; i++ {
+		for i := 0; i < 3; i++ {
 			name := fmt.Sprintf("cut-%s-%d", strings.ReplaceAll(k, ",", "+"), i)
 			rounds = append(rounds, round{name: name, kinds: k, delay: fmt.Sprintf("%dms", r.IntN(250))})
 		}
@@ -148,7 +154,7 @@ func TestPowerCut(t *testing.T) {
 		ird.CopyWithLibs(t, ctx, "/sbin/"+name, h.Tools[name])
 	}
 	// crc32c first: libcrc32c (xfs) asks the crypto API for it at load.
-	ird.Modules(t, h, []string{"crc32c_generic", "crc32c-intel", "dm-flakey", "loop", "xfs"})
+	ird.Modules(t, h, []string{"crc32c_generic", "crc32c-intel", "dm-flakey", "dm-delay", "loop", "xfs"})
 
 	res := vmtest.Boot{}.Run(t, ctx, h, ird, work)
 	lines := map[string][]string{} // by round ("NAME" and "NAME-LOG")
