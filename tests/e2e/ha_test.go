@@ -656,6 +656,14 @@ func rollout(t testing.TB, step string, via *haNode, wantExit int, wantNext stri
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	res, err := via.n.Exec(ctx, "/usr/bin/provider-kubernetes", "status", "--cluster")
+	// A kubelet the pass just restarted reports NotReady for a moment
+	// (PLEG not yet run) after its Node already read Ready: status
+	// --cluster then says to wait for the nodes to be Ready, and an
+	// operator waits, as this does, for a minute at most.
+	for i := 0; i < 30 && res.ExitCode == 1 && strings.Contains(string(res.Stdout), "wait for the nodes to be Ready") && ctx.Err() == nil; i++ {
+		time.Sleep(2 * time.Second)
+		res, err = via.n.Exec(ctx, "/usr/bin/provider-kubernetes", "status", "--cluster")
+	}
 	out := string(res.Stdout)
 	progress(t, "status --cluster after %s (exit %d):\n%s", step, res.ExitCode, out)
 	if res.ExitCode != wantExit || !strings.Contains(out, wantNext) {
