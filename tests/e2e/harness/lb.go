@@ -25,12 +25,11 @@ const LBPackage = "haproxy"
 // instead of the first control plane's own address. Every node reaches it
 // through its default route (the bridge).
 type LoadBalancer struct {
-	Addr    string // BridgeIP:Port
-	dir     string
-	cmd     *exec.Cmd
-	exited  chan struct{} // closed when haproxy has exited
-	waitErr error         // how, once exited is closed
-	log     string
+	Addr string // BridgeIP:Port
+	dir  string
+	cmd  *exec.Cmd
+	done chan error
+	log  string
 }
 
 // lbConfig is HAProxy's configuration (pure, so it is asserted without
@@ -84,7 +83,7 @@ func (c *Cluster) StartLoadBalancer(ctx context.Context, port int, backends []st
 			os.RemoveAll(dir)
 		}
 	}()
-	lb := &LoadBalancer{Addr: net.JoinHostPort(BridgeIP, fmt.Sprint(port)), dir: dir, exited: make(chan struct{}), log: filepath.Join(dir, "haproxy.log")}
+	lb := &LoadBalancer{Addr: net.JoinHostPort(BridgeIP, fmt.Sprint(port)), dir: dir, done: make(chan error, 1), log: filepath.Join(dir, "haproxy.log")}
 	cfg := filepath.Join(dir, "haproxy.cfg")
 	if err := os.WriteFile(cfg, []byte(lbConfig(lb.Addr, backends)), 0o600); err != nil {
 		return nil, err
@@ -100,26 +99,11 @@ func (c *Cluster) StartLoadBalancer(ctx context.Context, port int, backends []st
 	lb.cmd.Stdout, lb.cmd.Stderr = logf, logf
 	lb.cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	lb.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	// The parent-death signal fires when the forking OS thread exits, not
-	// the process: haproxy is started and waited for on a thread locked
-	// for its whole life (DialContext's threads end when it is done with
-	// them, and one of them could otherwise have been haproxy's parent).
-	startErr := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := lb.cmd.Start(); err != nil {
-			startErr <- err
-			return
-		}
-		startErr <- nil
-		lb.waitErr = lb.cmd.Wait()
-		close(lb.exited)
-	}()
-	if err := <-startErr; err != nil {
+	if err := lb.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start haproxy: %w", err)
 	}
 	started = true
+	go func() { lb.done <- lb.cmd.Wait() }()
 	c.mu.Lock()
 	c.lbs = append(c.lbs, lb)
 	c.mu.Unlock()
@@ -133,9 +117,9 @@ func (c *Cluster) StartLoadBalancer(ctx context.Context, port int, backends []st
 			return lb, nil
 		}
 		select {
-		case <-lb.exited:
+		case err := <-lb.done:
 			b, _ := os.ReadFile(lb.log)
-			return nil, fmt.Errorf("haproxy exited (%v): %s", lb.waitErr, strings.TrimSpace(string(b)))
+			return nil, fmt.Errorf("haproxy exited (%v): %s", err, strings.TrimSpace(string(b)))
 		case <-wctx.Done():
 			return nil, fmt.Errorf("haproxy on %s: no listener within a minute: %v", lb.Addr, err)
 		case <-time.After(200 * time.Millisecond):
@@ -149,20 +133,15 @@ func (lb *LoadBalancer) stop() error {
 	if lb.cmd.Process == nil {
 		return nil
 	}
-	select {
-	case <-lb.exited:
-		return nil
-	default:
-	}
 	_ = syscall.Kill(-lb.cmd.Process.Pid, syscall.SIGTERM)
 	select {
-	case <-lb.exited:
+	case <-lb.done:
 		return nil
 	case <-time.After(10 * time.Second):
 	}
 	_ = syscall.Kill(-lb.cmd.Process.Pid, syscall.SIGKILL)
 	select {
-	case <-lb.exited:
+	case <-lb.done:
 		return nil
 	case <-time.After(10 * time.Second):
 		return fmt.Errorf("haproxy (pid %d) did not exit", lb.cmd.Process.Pid)
