@@ -77,12 +77,6 @@ func (c *Cluster) StartLoadBalancer(ctx context.Context, port int, backends []st
 	if err != nil {
 		return nil, err
 	}
-	started := false
-	defer func() {
-		if !started {
-			os.RemoveAll(dir)
-		}
-	}()
 	lb := &LoadBalancer{Addr: net.JoinHostPort(BridgeIP, fmt.Sprint(port)), dir: dir, done: make(chan error, 1), log: filepath.Join(dir, "haproxy.log")}
 	cfg := filepath.Join(dir, "haproxy.cfg")
 	if err := os.WriteFile(cfg, []byte(lbConfig(lb.Addr, backends)), 0o600); err != nil {
@@ -93,8 +87,7 @@ func (c *Cluster) StartLoadBalancer(ctx context.Context, port int, backends []st
 		return nil, err
 	}
 	defer logf.Close()
-	// -db: in the foreground. nsenter (--net only) execs haproxy in its own
-	// process, so the parent-death signal set here holds for haproxy.
+	// -db: foreground, no daemon; -W off. Its own process, killed with us.
 	lb.cmd = exec.Command(c.tools.path("nsenter"), "--net="+filepath.Join(netnsDir, c.bridgeNS), "--", bin, "-db", "-f", cfg)
 	lb.cmd.Stdout, lb.cmd.Stderr = logf, logf
 	lb.cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -102,7 +95,6 @@ func (c *Cluster) StartLoadBalancer(ctx context.Context, port int, backends []st
 	if err := lb.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start haproxy: %w", err)
 	}
-	started = true
 	go func() { lb.done <- lb.cmd.Wait() }()
 	c.mu.Lock()
 	c.lbs = append(c.lbs, lb)
