@@ -38,7 +38,6 @@ type Cluster struct {
 	net      netOps
 	hier     []hierarchy
 	bridgeNS string
-	lbs      []*LoadBalancer
 	ownState bool
 
 	life     context.Context // the nspawn processes' lifetime
@@ -310,12 +309,6 @@ func (c *Cluster) Cleanup(ctx context.Context) error {
 	}
 	wg.Wait()
 	errs = append(errs, nodeErrs...)
-	c.mu.Lock()
-	lbs := c.lbs
-	c.mu.Unlock()
-	for _, lb := range lbs {
-		errs = append(errs, lb.stop())
-	}
 	c.stopLife()
 	var ns []string
 	for _, n := range nodes {
