@@ -391,6 +391,11 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o := &observe.Observer{Root: paths.Root(*root), ClusterFile: *clusterFile, Runner: runner.Exec{Root: *root},
 		APITimeout: b.APIRequest}
 	obs := reconcile.Gather(ctx, o, ov, wait.Budget{Total: 10 * 1e9, Interval: 2 * 1e9, PerAttempt: b.APIRequest})
+	if _, err := reconcile.ConfigBudgets(obs, b); err != nil {
+		// What a pass would do with this cluster file: fail before deciding.
+		fmt.Fprintf(stderr, "plan: %s: %s\n", reconcile.ReasonConfigFailed, status.Printable(err.Error()))
+		return reconcile.ExitFailed
+	}
 	pl := plan.Decide(images.Window(), obs.Facts)
 	err := emit(stdout, *out, newPlanReport(obs, pl), func(w io.Writer) error {
 		printPlan(w, obs, pl)

@@ -175,14 +175,21 @@ func TestEveryRootedCommandRefusesARelativeRoot(t *testing.T) {
 }
 
 // The nested providerConfig of earlier releases, in a cluster file plan
-// reads (--cluster-file), is refused with what to write instead: the
-// budget.<name> keys.
+// reads (--cluster-file), fails as a pass fails it (ConfigInvalid, exit 1,
+// as a bad budget value does: reference.md "providerConfig"), with what to
+// write instead: the budget.<name> keys. So does a bad budget value.
 func TestPlanNamesTheBudgetKeysForANestedProviderConfig(t *testing.T) {
 	n := testutil.NewNode(t, "n1")
 	n.Write("/old.yaml", "providerConfig:\n  budgets:\n    verify: 6m\n"+testutil.ClusterSection("init", "v1.37.2", ""), 0o600)
-	code, out, _ := run("plan", "--root", n.Root, "--cluster-file", "/old.yaml", "--bundled", "v1.37.2", "--member=false")
-	if code != reconcile.ExitRefused || !strings.Contains(out, "budget.<name>: <duration> (e.g. budget.verify: 6m)") {
-		t.Fatalf("exit %d:\n%s", code, out)
+	code, out, errOut := run("plan", "--root", n.Root, "--cluster-file", "/old.yaml", "--bundled", "v1.37.2", "--member=false")
+	if code != reconcile.ExitFailed || out != "" || !strings.Contains(errOut, "plan: ConfigInvalid: ") ||
+		!strings.Contains(errOut, "budget.<name>: <duration> (e.g. budget.verify: 6m)") {
+		t.Fatalf("exit %d:\n%s\n%s", code, out, errOut)
+	}
+	n.Write("/bad.yaml", "providerConfig:\n  budget.verify: soon\n"+testutil.ClusterSection("init", "v1.37.2", ""), 0o600)
+	code, out, errOut = run("plan", "--root", n.Root, "--cluster-file", "/bad.yaml", "--bundled", "v1.37.2", "--member=false")
+	if code != reconcile.ExitFailed || out != "" || !strings.Contains(errOut, "plan: ConfigInvalid: ") || !strings.Contains(errOut, "budget.verify") {
+		t.Fatalf("bad budget: exit %d:\n%s\n%s", code, out, errOut)
 	}
 	code, out, _ = runStdin("#cloud-config\ncluster:\n  providerConfig:\n    budgets:\n      verify: 6m\n"+indentLines(testutil.ClusterSection("init", "v1.37.2", ""), "  "),
 		"validate", "-")

@@ -2,11 +2,13 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/kube"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/wait"
+	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
 	"github.com/kairos-io/provider-kubernetes/pkg/plan"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
@@ -45,8 +47,11 @@ func (o Overrides) Complete() bool {
 
 // Observation is the facts plus what was learned getting them.
 type Observation struct {
-	Facts        plan.Facts
-	Config       observe.Config // zero when the config was not read
+	Facts  plan.Facts
+	Config observe.Config // zero when the config was not read
+	// ConfigErr is why the cluster file could not be read or used (nil
+	// when it was, or when the pin and role were given).
+	ConfigErr    error
 	ControlPlane bool
 	Client       *kube.Client
 	Notes        []string // why a fact is unknown, where it came from
@@ -74,6 +79,7 @@ func Gather(ctx context.Context, o *observe.Observer, ov Overrides, clusterBudge
 			if ov.Pin == nil {
 				f.ConfigError = err.Error()
 			}
+			obs.ConfigErr = err
 			note(err.Error())
 		}
 		obs.Config = cfg
@@ -197,4 +203,20 @@ func Gather(ctx context.Context, o *observe.Observer, ov Overrides, clusterBudge
 	}
 	f.Cluster = v
 	return obs
+}
+
+// ConfigBudgets is what every pass does with the cluster section before it
+// decides, shared with plan so both say the same: base with the
+// providerConfig's budget overrides, or the section's providerConfig
+// problem (a failure, ConfigInvalid, never a refusal: a nested map where
+// Kairos's schema has flat strings, an unknown key, a bad budget or
+// metrics directory).
+func ConfigBudgets(obs Observation, base Budgets) (Budgets, error) {
+	if errors.Is(obs.ConfigErr, clusterconfig.ErrProviderConfig) {
+		return base, obs.ConfigErr
+	}
+	if obs.Config.Cluster == nil {
+		return base, nil
+	}
+	return base.WithOverrides(obs.Config.Cluster.ProviderConfig)
 }

@@ -253,12 +253,12 @@ func (p *pass) run(ctx context.Context) Result {
 		// What was observed after the signal is not to be decided on.
 		return p.fail(ctx, obs, plan.Plan{}, "observe", ReasonInterrupted, err)
 	}
+	b, err := ConfigBudgets(obs, p.Budgets)
+	if err != nil {
+		return p.fail(ctx, obs, plan.Plan{}, "", ReasonConfigFailed, err)
+	}
+	p.Budgets = b
 	if obs.Config.Cluster != nil {
-		b, err := p.Budgets.WithOverrides(obs.Config.Cluster.ProviderConfig)
-		if err != nil {
-			return p.fail(ctx, obs, plan.Plan{}, "", ReasonConfigFailed, err)
-		}
-		p.Budgets = b
 		// Checked with the budgets above.
 		p.metricsDir, _ = metrics.Dir(obs.Config.Cluster.ProviderConfig)
 	}

@@ -532,6 +532,20 @@ func TestBudgetsFromProviderConfig(t *testing.T) {
 	}
 }
 
+// A nested providerConfig (the budgets: map of earlier releases) in a
+// cluster file fails the pass as a bad budget does, ConfigInvalid before
+// any command, with the keys to write instead; not an InvalidPin refusal
+// (reference.md "providerConfig").
+func TestNestedProviderConfigIsConfigInvalid(t *testing.T) {
+	e := newEnv(t, "worker", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
+	e.node.Write(paths.ClusterFile, e.node.Read(paths.ClusterFile)+"providerConfig:\n  budgets:\n    verify: 6m\n", 0o600)
+	res := e.run(Steps{})
+	if res.ExitCode != ExitFailed || res.Status.Reason != ReasonConfigFailed || len(e.lines()) != 0 ||
+		!strings.Contains(res.Status.Message, "budget.<name>: <duration>") {
+		t.Fatalf("exit %d %+v %q", res.ExitCode, res.Status, e.lines())
+	}
+}
+
 func TestSecondPassExitsAtOnce(t *testing.T) {
 	e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "")
 	unlock, err := Lock(e.node.R())

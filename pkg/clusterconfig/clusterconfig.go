@@ -28,6 +28,21 @@ import (
 // ErrInvalid marks a cluster section the provider cannot act on.
 var ErrInvalid = errors.New("invalid cluster config")
 
+// ErrProviderConfig marks a problem with the section's providerConfig
+// (its shape here; its keys and values where they are read): the pass
+// fails such a section as ConfigInvalid, as it fails a bad budget, rather
+// than refusing it as an unreadable pin. Such errors also match ErrInvalid
+// and read as the problem alone.
+var ErrProviderConfig = errors.New("providerConfig cannot be used")
+
+// providerConfigError is a problem of providerConfig: its message is the
+// problem's, it unwraps to ErrInvalid's chain and it matches
+// ErrProviderConfig.
+type providerConfigError struct{ error }
+
+func (e providerConfigError) Unwrap() error        { return e.error }
+func (e providerConfigError) Is(target error) bool { return target == ErrProviderConfig }
+
 // MaxSize bounds the cluster file and the config string.
 const MaxSize = 1 << 20
 
@@ -202,6 +217,16 @@ func fromNode(n *yaml3.Node) (*Cluster, []error) {
 // checkKind lists what is wrong with the kind of key's value: nothing, one
 // problem, or one per bad entry of a map or list.
 func checkKind(key, want string, v *yaml3.Node) []error {
+	problems := checkKindOf(key, want, v)
+	if key == "providerConfig" {
+		for i, p := range problems {
+			problems[i] = providerConfigError{p}
+		}
+	}
+	return problems
+}
+
+func checkKindOf(key, want string, v *yaml3.Node) []error {
 	bad := func(got string) []error {
 		if key == "config" {
 			return []error{fmt.Errorf("%w: config must be a YAML string holding the kubeadm documents by key (write config: | and indent them), got %s", ErrInvalid, got)}
