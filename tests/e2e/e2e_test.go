@@ -533,11 +533,11 @@ var mutating = []string{"msg=init", "msg=join", "msg=upgrade-apply", "msg=upgrad
 func TestSingleControlPlaneUpgrade(t *testing.T) {
 	harness.Require(t)
 	start := time.Now()
-	tr := osTrees(t)
+	tr := osTrees(t, "1.35", "1.36", "1.37")
 	c := harness.New(t, harness.Options{Base: base(t)})
 	token := newToken(t)
 	cp1 := node{name: "cp1", ip: "10.0.0.11", role: "init"}
-	n, err := c.AddNode(context.Background(), harness.NodeSpec{Name: "cp1", Tree: tr["1.36"]})
+	n, err := c.AddNode(context.Background(), harness.NodeSpec{Name: "cp1", Tree: tr["1.35"]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -550,31 +550,56 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	setTree := func(minor string) {
+		t.Helper()
+		if err := n.SetTree(tr[minor]); err != nil {
+			t.Fatal(err)
+		}
+	}
 
-	// Bootstrap at 1.36.3.
-	writeCloudConfig(t, n, clusterSection(token, cp1, cp1.ip, "v1.36.3"))
-	if code := boot("1.36 image, pin v1.36.3: init"); code != 0 {
-		t.Fatalf("init failed: exit %d\n%s", code, reconcileLog(t, n))
+	// Bootstrap at 1.35.4, the oldest minor of the window.
+	writeCloudConfig(t, n, clusterSection(token, cp1, cp1.ip, "v1.35.4"))
+	if code := boot("1.35 image, pin v1.35.4: init"); code != 0 {
+		t.Fatalf("init at 1.35: exit %d\n%s", code, reconcileLog(t, n))
+	}
+	waitNodes(t, n, "v1.35.4", "cp1")
+	progress(t, "cp1: cluster up at v1.35.4 after %s", time.Since(start).Round(time.Second))
+
+	// Skip-level (issue 7's scenario 2): the 1.37 image with the 1.37 pin on
+	// a 1.35 cluster is refused before anything runs, one minor at a time.
+	before := manifests(t, n)
+	stop()
+	setTree("1.37")
+	bumpPin(t, n, "v1.37.2")
+	refused(t, n, boot("1.37 image, pin v1.37.2: skip-level"), "SkipLevel", before)
+
+	// As troubleshooting.md says to go on: the next minor first, the real
+	// 1.35 -> 1.36 edge (etcd 3.6.6 -> 3.6.8, CoreDNS moved by kubeadm).
+	upStart := time.Now()
+	stop()
+	setTree("1.36")
+	bumpPin(t, n, "v1.36.3")
+	if code := boot("1.36 image, pin v1.36.3: upgrade apply from 1.35"); code != 0 {
+		t.Fatalf("1.35 -> 1.36 upgrade failed: exit %d\n%s\nkubeadm:\n%s", code, lastPass(reconcileLog(t, n)), kubeadmLog(n))
+	}
+	if v := serverVersion(t, n); v != "v1.36.3" {
+		t.Fatalf("apiserver %s after the 1.36 upgrade", v)
 	}
 	waitNodes(t, n, "v1.36.3", "cp1")
-	if v := serverVersion(t, n); v != "v1.36.3" {
-		t.Fatalf("apiserver %s", v)
-	}
-	progress(t, "cp1: cluster up at v1.36.3 after %s", time.Since(start).Round(time.Second))
-	t.Logf("bootstrap: %s, peak memory %d MiB", time.Since(start).Round(time.Second), n.PeakMemory()>>20)
+	upgraded(t, n, "v1.36.3")
+	progress(t, "cp1: upgraded to v1.36.3 in %s", time.Since(upStart).Round(time.Second))
+	t.Logf("1.35 -> 1.36: %s, peak memory %d MiB", time.Since(upStart).Round(time.Second), n.PeakMemory()>>20)
 
 	// Refusal on the running cluster: the pin bumped, the image not.
-	before := manifests(t, n)
+	before = manifests(t, n)
 	stop()
 	bumpPin(t, n, "v1.37.2")
 	refused(t, n, boot("1.36 image, pin v1.37.2: pin newer than image"), "PinNewerThanImage", before)
 
 	// The upgrade: the 1.37 image and the 1.37 pin.
-	upStart := time.Now()
+	upStart = time.Now()
 	stop()
-	if err := n.SetTree(tr["1.37"]); err != nil {
-		t.Fatal(err)
-	}
+	setTree("1.37")
 	if code := boot("1.37 image, pin v1.37.2: upgrade apply"); code != 0 {
 		t.Fatalf("upgrade failed: exit %d\n%s\nkubeadm:\n%s", code, lastPass(reconcileLog(t, n)), kubeadmLog(n))
 	}
@@ -582,19 +607,9 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 		t.Fatalf("apiserver %s after the upgrade", v)
 	}
 	waitNodes(t, n, "v1.37.2", "cp1")
-	st := nodeStatus(t, n)
-	if st.Phase != status.PhaseConverged || st.NodeVersion != "v1.37.2" {
-		t.Fatalf("status %+v", st)
-	}
-	log := reconcileLog(t, n)
-	if k := strings.Count(log, "etcd-snapshot outcome="); k != 1 || !strings.Contains(log, "etcd-snapshot outcome=skipped-encryption-unconfirmed") {
-		t.Fatalf("want exactly one etcd-snapshot outcome=skipped-encryption-unconfirmed line, got %d:\n%s", k, log)
-	}
-	pass := lastPass(log)
-	for _, want := range []string{"msg=upgrade-apply outcome=ok", "msg=restart-kubelet outcome=ok", "msg=verify outcome=ok", "msg=reconcile-done outcome=converged"} {
-		if !strings.Contains(pass, want) {
-			t.Fatalf("upgrade pass lacks %q:\n%s", want, pass)
-		}
+	upgraded(t, n, "v1.37.2")
+	if k := strings.Count(reconcileLog(t, n), "etcd-snapshot outcome="); k != 2 {
+		t.Fatalf("want one etcd-snapshot line per upgrade (two), got %d:\n%s", k, reconcileLog(t, n))
 	}
 	progress(t, "cp1: upgraded to v1.37.2 in %s", time.Since(upStart).Round(time.Second))
 	t.Logf("upgrade: %s, peak memory %d MiB", time.Since(upStart).Round(time.Second), n.PeakMemory()>>20)
@@ -603,22 +618,18 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 	// older pin) and, again, a pin newer than the image.
 	before = manifests(t, n)
 	stop()
-	if err := n.SetTree(tr["1.36"]); err != nil {
-		t.Fatal(err)
-	}
+	setTree("1.36")
 	bumpPin(t, n, "v1.36.3")
 	refused(t, n, boot("1.36 image, pin v1.36.3: downgrade"), "Downgrade", before)
 
 	// Back on the 1.37 image with the 1.37 pin: converged, nothing runs.
 	stop()
-	if err := n.SetTree(tr["1.37"]); err != nil {
-		t.Fatal(err)
-	}
+	setTree("1.37")
 	bumpPin(t, n, "v1.37.2")
 	if code := boot("1.37 image, pin v1.37.2: converged"); code != 0 {
 		t.Fatalf("converged boot: exit %d", code)
 	}
-	pass = lastPass(reconcileLog(t, n))
+	pass := lastPass(reconcileLog(t, n))
 	for _, m := range mutating {
 		if strings.Contains(pass, m+" ") {
 			t.Fatalf("a converged boot ran %s:\n%s", m, pass)
@@ -699,34 +710,21 @@ func refused(t testing.TB, n *harness.Node, code int, want string, before map[st
 	}
 }
 
-// The skip-level refusal of issue 7's scenario 2 on a running cluster: a
-// control plane at 1.35.4 booted into the 1.37 image with the pin at
-// v1.37.2 is refused before anything runs (one minor at a time).
-func TestSkipLevelRefusal(t *testing.T) {
-	harness.Require(t)
-	tr := osTrees(t, "1.35", "1.37")
-	c := harness.New(t, harness.Options{Base: base(t)})
-	token := newToken(t)
-	cp1 := node{name: "cp1", ip: "10.0.0.11", role: "init"}
-	n, err := c.AddNode(context.Background(), harness.NodeSpec{Name: "cp1", Tree: tr["1.35"]})
-	if err != nil {
-		t.Fatal(err)
+// upgraded asserts the pass that just ran upgraded this first control plane
+// to want: status Converged at want, and exactly one of each step's
+// outcome lines in that pass, the pre-upgrade snapshot's being
+// skipped-encryption-unconfirmed (the nodes' /usr/local is not on dm-crypt).
+func upgraded(t testing.TB, n *harness.Node, want string) {
+	t.Helper()
+	st := nodeStatus(t, n)
+	if st.Phase != status.PhaseConverged || st.NodeVersion != want {
+		t.Fatalf("status %+v, want Converged at %s", st, want)
 	}
-	boot := func(what string) int { t.Helper(); return bootNode(t, n, what) }
-	writeCloudConfig(t, n, clusterSection(token, cp1, cp1.ip, "v1.35.4"))
-	if code := boot("1.35 image, pin v1.35.4: init"); code != 0 {
-		t.Fatalf("init at 1.35: exit %d\n%s", code, reconcileLog(t, n))
+	pass := lastPass(reconcileLog(t, n))
+	for _, line := range []string{"msg=etcd-snapshot outcome=skipped-encryption-unconfirmed", "msg=upgrade-apply outcome=ok",
+		"msg=restart-kubelet outcome=ok", "msg=verify outcome=ok", "msg=reconcile-done outcome=converged"} {
+		if k := strings.Count(pass, line); k != 1 {
+			t.Fatalf("the upgrade pass to %s has %d %q lines, want 1:\n%s", want, k, line, pass)
+		}
 	}
-	waitNodes(t, n, "v1.35.4", "cp1")
-	before := manifests(t, n)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := n.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := n.SetTree(tr["1.37"]); err != nil {
-		t.Fatal(err)
-	}
-	bumpPin(t, n, "v1.37.2")
-	refused(t, n, boot("1.37 image, pin v1.37.2: skip-level"), "SkipLevel", before)
 }
