@@ -17,8 +17,8 @@
 // selection, containerd. What is not: the registry is go-containerregistry's
 // on 127.0.0.1 (the guest reaches it through QEMU's user network, a socat
 // per connection), and the pin is v1.37.0, which neither image bundles, so
-// no boot runs kubeadm (a control plane under TCG is measured apart; the
-// kubeadm paths are proven in tests/e2e).
+// no boot runs kubeadm: a control plane under TCG has not been measured
+// yet; the kubeadm paths are proven on the nspawn nodes of tests/e2e.
 package kairosvm
 
 import (
