@@ -164,14 +164,14 @@ var helps = map[string]commandHelp{
 	"restore-etcd": {
 		synopsis: []string{"restore-etcd --snapshot FILE --manifests DIR --initial-cluster NAME=URL,... [--cluster-token T] --yes [--root DIR]"},
 		summary:  "Restore this node's stacked etcd member from a snapshot, the old member directory moved aside; prints the command for the next member. Without --yes it shows what it would do.",
-		example:  "restore-etcd --snapshot /var/lib/provider-kubernetes/etcd.db --manifests /root/manifests --initial-cluster cp1=https://10.0.0.11:2380 --yes",
+		example:  "restore-etcd --snapshot /run/etcd-backup/etcd-pre-upgrade.db --manifests /etc/kubernetes/tmp/restore-v1.36.3 --initial-cluster cp1=https://10.0.0.11:2380 --yes",
 		exits:    []exitCode{{reconcile.ExitOK, "restored"}, {reconcile.ExitFailed, "failed"}, {reconcile.ExitRefused, "refused: nothing changed"}},
 		usage:    "without --yes (what it would do shown, nothing changed)",
 	},
 	"collect-manifests": {
 		synopsis: []string{"collect-manifests --to DIR [--root DIR]"},
 		summary:  "For a rollback: copy into DIR (new or empty, made 0700) the static pod manifests this control plane ran at the booted image's version, restore-etcd's --manifests.",
-		example:  "collect-manifests --to /root/manifests",
+		example:  "collect-manifests --to /etc/kubernetes/tmp/restore-v1.36.3",
 		exits: []exitCode{{reconcile.ExitOK, "copied"}, {reconcile.ExitFailed, "failed"},
 			{reconcile.ExitRefused, "refused: a manifest is missing, or DIR is not new or empty (nothing copied)"}},
 	},

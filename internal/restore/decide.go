@@ -162,8 +162,11 @@ func Decide(f Facts, r Request) (Plan, error) {
 
 	// The static control plane must be stopped, on every count.
 	if len(f.InPlace) > 0 {
-		refuse(ErrNotStopped, "%s still in %s: move the static pod manifests out (mv %s/*.yaml %s/), then wait until etcd has stopped",
-			strings.Join(f.InPlace, " and "), paths.ManifestsDir, paths.ManifestsDir, r.Manifests)
+		// Where to is the procedure's (its step 1), not --manifests: after
+		// an upgrade that is the collected previous version's, which the
+		// running version's would replace.
+		refuse(ErrNotStopped, "%s still in %s: move the static pod manifests out of it (docs/rollback-and-restore, step 1), then wait until etcd has stopped",
+			strings.Join(f.InPlace, " and "), paths.ManifestsDir)
 	}
 	for _, a := range f.Listening {
 		refuse(ErrNotStopped, "something still listens on %s: etcd still runs (the kubelet stops it once its manifest is gone: crictl ps --name etcd)", a)

@@ -177,7 +177,7 @@ func TestDecideRefusals(t *testing.T) {
 		says   string
 	}{
 		{"manifests still in place", func(f *Facts, r *Request) { f.InPlace = []string{"/etc/kubernetes/manifests/etcd.yaml"} },
-			ErrNotStopped, "mv /etc/kubernetes/manifests/*.yaml /etc/kubernetes/tmp/kubeadm-backup-manifests-2026-12-01-10-00-00/"},
+			ErrNotStopped, "still in /etc/kubernetes/manifests: move the static pod manifests out of it (docs/rollback-and-restore, step 1), then wait"},
 		{"a port answers", func(f *Facts, r *Request) { f.Listening = []string{"127.0.0.1:2379 (--listen-client-urls)"} },
 			ErrNotStopped, "something still listens on 127.0.0.1:2379"},
 		{"a port cannot be told free", func(f *Facts, r *Request) { f.Unknown = []string{"10.0.0.12:2380 (--listen-peer-urls): i/o timeout"} },

@@ -251,7 +251,7 @@ func TestRestoreRefusesAndChangesNothing(t *testing.T) {
 				return nil
 			},
 			says: []string{"the static control plane is not stopped: /etc/kubernetes/manifests/etcd.yaml and /etc/kubernetes/manifests/kube-apiserver.yaml still in /etc/kubernetes/manifests",
-				"mv /etc/kubernetes/manifests/*.yaml " + stopped + "/"}},
+				"move the static pod manifests out of it (docs/rollback-and-restore, step 1)"}},
 		{name: "etcd still running", code: reconcile.ExitRefused, args: []string{"--yes"},
 			setup: func(t *testing.T, m *member) func() {
 				m.start(m.entry())
