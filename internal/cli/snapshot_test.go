@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -138,6 +140,28 @@ func TestPruneKubeadmBackups(t *testing.T) {
 	code, out, _ = run("prune-kubeadm-backups", "--root", n.Root)
 	if code != reconcile.ExitOK || !strings.Contains(out, "nothing to remove: 1 kubeadm etcd backup(s)") {
 		t.Fatalf("exit %d %s", code, out)
+	}
+}
+
+// docs/backups.md: "`--keep N` keeps the newest N (default 1; 0 removes
+// all)" on a verified node.
+func TestPruneKubeadmBackupsKeepsTheNewestN(t *testing.T) {
+	stamps := []string{"2026-05-01-10-00-00", "2026-08-01-10-00-00", "2026-11-30-10-05-00"} // oldest first, as pruneNode writes them
+	for _, keep := range []int{2, 0} {
+		n := pruneNode(t, "v1.37.2", "v1.37.2", "v1.37.2")
+		code, out, errOut := run("prune-kubeadm-backups", "--root", n.Root, "--keep", strconv.Itoa(keep))
+		if code != 0 {
+			t.Fatalf("--keep %d: exit %d\n%s%s", keep, code, out, errOut)
+		}
+		for i, s := range stamps {
+			kept := i >= len(stamps)-keep
+			if got := n.Exists(paths.KubeadmTmpDir + "/kubeadm-backup-etcd-" + s); got != kept {
+				t.Errorf("--keep %d: %s kept %v, want %v\n%s", keep, s, got, kept, out)
+			}
+		}
+		if !strings.Contains(out, fmt.Sprintf("kept %d, freed ", keep)) {
+			t.Errorf("--keep %d: stdout\n%s", keep, out)
+		}
 	}
 }
 

@@ -109,3 +109,48 @@ func TestPrint(t *testing.T) {
 		t.Fatalf("json: %v %+v", err, back)
 	}
 }
+
+// The rollout's target is the newest of the cluster's version, any node's
+// pin and any apiserver: each alone ahead of the rest sets it.
+func TestTargetIsTheNewestOfClusterPinsAndAPIServers(t *testing.T) {
+	conv := func(pin string) map[string]string { return ann("Converged", "converged", pin, "") }
+	for _, tc := range []struct {
+		name    string
+		cluster string
+		nodes   []Node
+	}{
+		{"kubeadm-config ahead", "v1.37.2", []Node{cp("cp1", "v1.36.3", "v1.36.3", conv("v1.36.3")), worker("w1", "v1.36.3", conv("v1.36.3"))}},
+		{"a pin ahead", "v1.36.3", []Node{cp("cp1", "v1.36.3", "v1.36.3", conv("v1.36.3")), worker("w1", "v1.36.3", conv("v1.37.2"))}},
+		{"an apiserver ahead", "v1.36.3", []Node{cp("cp1", "v1.36.3", "v1.37.2", conv("v1.36.3")), worker("w1", "v1.36.3", conv("v1.36.3"))}},
+	} {
+		v := Build(window, version.MustParse(tc.cluster), tc.nodes, now)
+		if v.Target != "v1.37.2" || v.Converged {
+			t.Errorf("%s: target %s converged %v, want v1.37.2 and not converged", tc.name, v.Target, v.Converged)
+		}
+	}
+}
+
+// Converged (status --cluster's exit 0) is every node at the target, its
+// kubelet included, Ready, its last pass neither refused nor failed.
+func TestConvergedIsEveryNodeAtTheTargetReadyAndNotFailed(t *testing.T) {
+	conv := ann("Converged", "converged", "v1.37.2", "")
+	good := func() []Node {
+		return []Node{cp("cp1", "v1.37.2", "v1.37.2", conv), worker("w1", "v1.37.2", conv)}
+	}
+	if v := Build(window, version.MustParse("v1.37.2"), good(), now); !v.Converged {
+		t.Fatalf("every node at v1.37.2: not converged: %+v", v)
+	}
+	for name, change := range map[string]func(n []Node){
+		"a worker NotReady":                          func(n []Node) { n[1].Ready = false },
+		"a control plane's kubelet behind":           func(n []Node) { n[0].Kubelet = "v1.36.3" },
+		"a control plane's apiserver behind":         func(n []Node) { n[0].APIServer = "v1.36.3" },
+		"a worker's last pass refused at the target": func(n []Node) { n[1].Annotations = ann("Refused", "refused", "v1.37.2", "PinNewerThanImage") },
+		"a worker's last pass failed at the target":  func(n []Node) { n[1].Annotations = ann("Failed", "failed", "v1.37.2", "") },
+	} {
+		nodes := good()
+		change(nodes)
+		if v := Build(window, version.MustParse("v1.37.2"), nodes, now); v.Converged {
+			t.Errorf("%s: converged", name)
+		}
+	}
+}

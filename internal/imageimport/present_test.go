@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -308,6 +309,20 @@ func TestContainerdListIsTrustedOnlyWhenRead(t *testing.T) {
 	if res.ExitCode != 1 || len(res.Failed) != 2 || !strings.Contains(res.Failed[0].Reason, "incomplete after import") ||
 		!strings.Contains(log, "outcome=failed imported=0 present=0 refused=0 failed=2") {
 		t.Fatalf("%+v\n%s", res, log)
+	}
+	// how-it-works.md: after an import "containerd must then list the
+	// reference complete at the tarball's manifest digest": listed at
+	// another digest, or not listed at all, is not imported (exit 1).
+	other := "sha256:" + strings.Repeat("a", 64)
+	moved := func(s string) string { return regexp.MustCompile(`sha256:[0-9a-f]{64}`).ReplaceAllString(s, other) }
+	res, log = b.run(address, &rewrittenCheck{rewrite: map[int]func(string) string{1: incomplete, 2: moved}}, nil)
+	if res.ExitCode != 1 || len(res.Failed) != 2 || len(res.Imported) != 0 || !strings.Contains(res.Failed[0].Reason, "containerd lists "+other+", the tarball carries sha256:") {
+		t.Fatalf("listed at another digest: %+v\n%s", res, log)
+	}
+	headerOnly := func(s string) string { return strings.SplitAfter(s, "\n")[0] }
+	res, log = b.run(address, &rewrittenCheck{rewrite: map[int]func(string) string{1: incomplete, 2: headerOnly}}, nil)
+	if res.ExitCode != 1 || len(res.Failed) != 2 || len(res.Imported) != 0 || !strings.Contains(res.Failed[0].Reason, "not listed by containerd after import") {
+		t.Fatalf("not listed after the import: %+v\n%s", res, log)
 	}
 }
 

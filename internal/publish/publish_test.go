@@ -168,9 +168,20 @@ func TestPublishIsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.api.SetDown(true)
-	err := e.run(t, 30*time.Second)
-	if err == nil || !strings.Contains(err.Error(), "budget exhausted") {
+	// The retries end when --budget does (reference.md: "exit 1 when the
+	// budget ran out"), on the clock publish is given, reporting the last
+	// real error (the apiserver answering 503, shutting down), not just that time ran out.
+	clk := testutil.NewClock()
+	start := clk.Now()
+	err := e.runAt(t, 30*time.Second, clk)
+	if err == nil || !strings.Contains(err.Error(), "budget exhausted (30s, ") || !strings.Contains(err.Error(), "apiserver is shutting down") {
 		t.Fatalf("%v", err)
+	}
+	if took := clk.Now().Sub(start); took != 30*time.Second {
+		t.Fatalf("publish gave up after %s of a 30s budget", took)
+	}
+	if n := e.api.Requests(); n < 10 {
+		t.Fatalf("%d requests in a 30s budget: publish did not keep trying", n)
 	}
 	if !strings.Contains(e.log.String(), "msg=node-publish outcome=failed") {
 		t.Fatalf("log %s", e.log.String())
@@ -273,6 +284,7 @@ func TestPublishWritesTheMarkerUnderThePassLock(t *testing.T) {
 	if !e.node.Exists(paths.PublishedMarker) {
 		t.Fatal("no marker once the lock was free")
 	}
+	e.node.DocumentedFile(paths.PublishedMarker)
 }
 
 // Publish writes the metrics textfile from the last pass's document, API

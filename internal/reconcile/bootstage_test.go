@@ -111,6 +111,9 @@ func TestVerifiedRecordIsWrittenOnlyAfterVerifyOrBootstrap(t *testing.T) {
 	if res.ExitCode != ExitOK || strings.TrimSpace(e.node.Read(paths.VerifiedRecord)) != "v1.37.2" || res.Status.VerifiedVersion != "v1.37.2" {
 		t.Fatalf("after init: exit %d, record %q, status %q", res.ExitCode, e.node.Read(paths.VerifiedRecord), res.Status.VerifiedVersion)
 	}
+	// Its mode is the one docs/reference.md's Files table gives it, and
+	// "every one is root:root".
+	e.node.DocumentedFile(paths.VerifiedRecord)
 	// A converged pass on a node without a record writes none.
 	e = newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.37.2", "v1.37.2", "")
 	if err := os.Remove(e.node.Path(paths.VerifiedRecord)); err != nil {

@@ -198,6 +198,22 @@ func TestLastControlPlaneVerifiesTheAddons(t *testing.T) {
 		}
 		e.logHas(t, "msg="+EventAddons, "outcome=not-last", "last_control_plane=false")
 	})
+	// how-it-works.md: the add-ons are checked "after the last control
+	// plane (every apiserver at the target)". A control plane whose
+	// apiserver is not in the endpoints (down) is not at the target: this
+	// one is not the last, and the old kube-proxy is not waited on.
+	t.Run("a control plane down: not the last", func(t *testing.T) {
+		e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+		bundle(e)
+		e.api.SetNode("cp3", "v1.36.3", true) // Ready: the health gate before upgrade node passes
+		e.api.SetControlPlaneNode("cp3", "10.0.0.13")
+		e.api.SetDaemonSet("kube-proxy", "registry.k8s.io/kube-proxy:v1.36.3", 4, 4, 4, 4)
+		res := e.run(Steps{})
+		if res.ExitCode != ExitOK {
+			t.Fatalf("exit %d %v\n%s", res.ExitCode, res.Err, e.logBuf.String())
+		}
+		e.logHas(t, "msg="+EventAddons, "outcome=not-last", "last_control_plane=false")
+	})
 }
 
 // Each pass records what it tells on its Node (published after it by

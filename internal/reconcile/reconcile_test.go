@@ -560,6 +560,11 @@ func TestSecondPassExitsAtOnce(t *testing.T) {
 	if e.node.Exists(paths.StatusFile) {
 		t.Fatal("a locked-out pass wrote status")
 	}
+	// troubleshooting.md, outcome=locked: "`msg=reconcile-done
+	// outcome=locked`, exit 1, no status written", and nothing run.
+	if res.ExitCode != 1 || !strings.Contains(e.logBuf.String(), "msg=reconcile-done outcome=locked ") || len(e.lines()) != 0 {
+		t.Fatalf("exit %d, ran %q, log:\n%s", res.ExitCode, e.lines(), e.logBuf.String())
+	}
 }
 
 func TestNodeVersionFromManifest(t *testing.T) {

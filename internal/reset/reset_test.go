@@ -199,6 +199,10 @@ func TestResetEmptiesWithoutFollowingSymlinks(t *testing.T) {
 	if got := rec.Lines(); !reflect.DeepEqual(got, []string{"/usr/bin/kubeadm reset -f"}) {
 		t.Fatalf("ran %q", got)
 	}
+	// reference.md, providerConfig: "Fixed bounds: `kubeadm reset -f` 5m".
+	if got := rec.Cmds()[0].Timeout; got != 5*time.Minute {
+		t.Fatalf("kubeadm reset -f is bounded at %s, docs/reference.md says 5m", got)
+	}
 	inv := inventory(t, s.base)
 	for _, d := range Emptied {
 		rel := "root" + d + "/"

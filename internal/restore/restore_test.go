@@ -299,6 +299,25 @@ func TestRestoreRefusesAndChangesNothing(t *testing.T) {
 				return nil
 			},
 			says: []string{"mode 0644", "chmod 0600"}},
+		// troubleshooting.md, Restore refusals: "the snapshot does not
+		// verify": "not root's, readable by others" (the group included:
+		// it holds every Secret of the cluster).
+		{name: "a snapshot another user owns", code: 3, args: []string{"--yes"},
+			setup: func(t *testing.T, m *member) func() {
+				if err := os.Chown(m.n.Path(snapshotFile), 4242, 0); err != nil {
+					t.Fatal(err)
+				}
+				return nil
+			},
+			says: []string{"the snapshot does not verify: " + snapshotFile, "not root"}},
+		{name: "a snapshot its group can read", code: 3, args: []string{"--yes"},
+			setup: func(t *testing.T, m *member) func() {
+				if err := os.Chmod(m.n.Path(snapshotFile), 0o640); err != nil {
+					t.Fatal(err)
+				}
+				return nil
+			},
+			says: []string{"the snapshot does not verify: " + snapshotFile, "mode 0640"}},
 		{name: "the etcdutl of another etcd", code: reconcile.ExitRefused, args: []string{"--yes"},
 			setup: func(t *testing.T, m *member) func() {
 				bundle(t, m.n, "v3.7.0") // the 1.37 image's, with the 1.36 manifests to put back
@@ -410,6 +429,7 @@ func TestRestoreResetsWhatTheNextBootReads(t *testing.T) {
 	if got := n.Read(paths.VerifiedRecord); got != k8sVersion+"\n" {
 		t.Fatalf("verified record %q, want %s", got, k8sVersion)
 	}
+	n.DocumentedFile(paths.VerifiedRecord)
 	if code, out := plan(); code != reconcile.ExitOK || !strings.Contains(out, "verdict=none") {
 		t.Fatalf("after the restore, manifests still out: exit %d %s", code, out)
 	}

@@ -2,6 +2,7 @@ package status
 
 import (
 	"regexp"
+	"unicode/utf8"
 
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
 )
@@ -40,9 +41,18 @@ const MaxAnnotationMessage = 500
 
 // NodeMessage is the document's message as a Node carries it (the message
 // annotation, the KubernetesUpgrade condition's message): escaped, secrets
-// masked, at most MaxAnnotationMessage bytes.
+// masked, at most MaxAnnotationMessage bytes, "..." included when it is
+// cut (Sanitize adds its "..." past the bound), never inside a character.
 func NodeMessage(d Document) string {
-	return runner.Sanitize(Printable(d.Message), MaxAnnotationMessage)
+	s := runner.Sanitize(Printable(d.Message), MaxAnnotationMessage)
+	if len(s) <= MaxAnnotationMessage {
+		return s
+	}
+	cut := MaxAnnotationMessage - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
 
 // Annotations is the document as a Node's annotations: every key is always

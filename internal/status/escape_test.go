@@ -1,6 +1,7 @@
 package status
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -66,5 +67,53 @@ func TestWriteBoundsTheDocumentUnderTheReadersBound(t *testing.T) {
 		if len(d.Message) > MaxField {
 			t.Fatalf("%s: a message of %d bytes", name, len(d.Message))
 		}
+	}
+}
+
+// docs/reference.md, The status document: "each is at most 4 KiB and each
+// list at most 64 entries, so whatever a pin or kubeadm's error line
+// holds, the document of the pass is written and stays under the 1 MiB
+// its readers accept"; what-it-refuses.md: `status` refuses "one over
+// 1 MiB". The bounds are the page's numbers, written as it writes them.
+func TestTheDocumentedBounds(t *testing.T) {
+	const field, items, readers = 4 << 10, 64, 1 << 20
+	root := paths.Root(t.TempDir())
+	long := strings.Repeat("x", 64<<10)
+	many := make([]string, 1000)
+	for i := range many {
+		many[i] = "warning"
+	}
+	d := Document{Phase: PhaseFailed, Message: long, Pin: long, Warnings: many, Actions: many[:items]}
+	if err := Write(root, d); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Read(root, paths.StatusFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Message) > field || len(got.Pin) > field || len(got.Message) < field/2 {
+		t.Errorf("fields of %d and %d bytes, want at most %d (and not cut far shorter)", len(got.Message), len(got.Pin), field)
+	}
+	if len(got.Warnings) > items || !strings.Contains(got.Warnings[len(got.Warnings)-1], "not shown") {
+		t.Errorf("%d warnings of 1000, want at most %d, the last saying how many were left out", len(got.Warnings), items)
+	}
+	if len(got.Actions) != items {
+		t.Errorf("%d actions of %d: a list at the bound is kept whole", len(got.Actions), items)
+	}
+	// A document over the readers' bound (hand-written) is refused; one
+	// at it is read.
+	full := root.Path(paths.StatusFile)
+	at := []byte("phase: Converged\nmessage: " + strings.Repeat("y", readers-len("phase: Converged\nmessage: ")-1) + "\n")
+	if err := os.WriteFile(full, at, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Read(root, paths.StatusFile); err != nil {
+		t.Errorf("a document of exactly 1 MiB: %v", err)
+	}
+	if err := os.WriteFile(full, append(at, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Read(root, paths.StatusFile); err == nil {
+		t.Error("a document over 1 MiB was read")
 	}
 }

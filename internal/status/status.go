@@ -188,17 +188,19 @@ func Marshal(doc Document) ([]byte, error) {
 }
 
 // Bounded is doc with every text field escaped (Printable) and cut to
-// limit bytes, and each list cut to MaxItems (saying how many were left out).
+// limit bytes, and each list cut to MaxItems entries (the last saying how
+// many were left out).
 func Bounded(doc Document, limit int) Document {
 	f := func(s string) string { return field(s, limit) }
 	list := func(in []string, what string) []string {
 		if in == nil {
 			return nil
 		}
-		out := make([]string, 0, min(len(in), MaxItems+1))
+		out := make([]string, 0, min(len(in), MaxItems))
 		for i, s := range in {
-			if i == MaxItems {
-				out = append(out, fmt.Sprintf("(%d more %s not shown)", len(in)-MaxItems, what))
+			if i == MaxItems-1 && len(in) > MaxItems {
+				// The note is one of the MaxItems entries.
+				out = append(out, fmt.Sprintf("(%d more %s not shown)", len(in)-i, what))
 				break
 			}
 			out = append(out, f(s))

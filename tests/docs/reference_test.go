@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -347,5 +348,101 @@ func TestReferenceMetrics(t *testing.T) {
 	}
 	if len(names) != 5 {
 		t.Fatalf("%d metrics: %v", len(names), names)
+	}
+}
+
+// TestReferenceAnnotations: the annotations docs/reference.md promises
+// `publish` sets are exactly the ones it sets, every one on every publish
+// (present and empty when the document has no value); `outcome` takes only
+// the page's values, each of them for some phase; `message` is at most the
+// page's bound in bytes however long the pass's message.
+func TestReferenceAnnotations(t *testing.T) {
+	sec := oneLine(section(t, read(t, "reference.md"), "## The status document"))
+	i := strings.Index(sec, "`publish` also sets these annotations on the Node")
+	if i < 0 {
+		t.Fatal("docs/reference.md no longer lists publish's annotations")
+	}
+	para := sec[i:]
+	// The names: the backticked words outside parentheses (inside them
+	// are a name's values or what it holds).
+	var names []string
+	depth := 0
+	var outside strings.Builder
+	for _, r := range para {
+		switch r {
+		case '(':
+			depth++
+		case ')':
+			depth--
+		default:
+			if depth == 0 {
+				outside.WriteRune(r)
+			}
+		}
+	}
+	for _, m := range regexp.MustCompile("`([a-z-]+)`").FindAllStringSubmatch(outside.String(), -1) {
+		if m[1] != "publish" {
+			names = append(names, m[1])
+		}
+	}
+	if !strings.Contains(para, "`"+status.AnnotationPrefix+"` + ") || len(names) < 10 {
+		t.Fatalf("docs/reference.md's annotation list did not parse: %q", names)
+	}
+	empty := status.Annotations(status.Document{})
+	full := status.Document{Phase: status.PhaseConverged, Role: "controlplane", Member: true, NodeVersion: "v1.37.2", VerifiedVersion: "v1.37.2",
+		Pin: "v1.37.2", Bundled: "v1.37.2", ClusterVersion: "v1.37.2", Refusal: "SkipLevel", Reason: "UpgradeRefused", Message: "m",
+		LastAction: "verify", Time: "2026-12-03T12:00:00Z", BootID: "b-1",
+		Certificates: &status.Certificates{Soonest: &status.Certificate{Name: "apiserver", NotAfter: "2027-12-03T11:00:00Z"}}}
+	set := status.Annotations(full)
+	for _, k := range names {
+		if v, ok := empty[status.AnnotationPrefix+k]; !ok || v != "" {
+			t.Errorf("%s%s: not set empty when the document has no value (set %v, %q)", status.AnnotationPrefix, k, ok, v)
+		}
+		if set[status.AnnotationPrefix+k] == "" {
+			t.Errorf("%s%s: empty for a document that has its value", status.AnnotationPrefix, k)
+		}
+	}
+	if len(empty) != len(names) || len(set) != len(names) {
+		t.Errorf("publish sets %d annotations (%d with every value), docs/reference.md lists %d: %q", len(empty), len(set), len(names), names)
+	}
+
+	// outcome's values, as the page gives them.
+	om := regexp.MustCompile("`outcome` \\(([^)]*)\\)").FindStringSubmatch(para)
+	if om == nil {
+		t.Fatal("docs/reference.md does not give outcome's values")
+	}
+	want := map[string]bool{}
+	for _, m := range regexp.MustCompile("`([a-z]+)`").FindAllStringSubmatch(om[1], -1) {
+		want[m[1]] = true
+	}
+	seen := map[string]bool{}
+	for _, ph := range values(consts(t, "internal/status", func(n string) bool { return strings.HasPrefix(n, "Phase") })) {
+		got := status.Annotations(status.Document{Phase: ph})[status.AnnotationPrefix+"outcome"]
+		if got != "" && !want[got] {
+			t.Errorf("phase %s: outcome %q, not one of docs/reference.md's %v", ph, got, om[1])
+		}
+		seen[got] = true
+	}
+	for v := range want {
+		if !seen[v] {
+			t.Errorf("docs/reference.md's outcome %q is set for no phase", v)
+		}
+	}
+
+	// message: at most N bytes.
+	mm := regexp.MustCompile("`message` \\(at most (\\d+) bytes\\)").FindStringSubmatch(para)
+	if mm == nil {
+		t.Fatal("docs/reference.md does not bound the message annotation")
+	}
+	bound, _ := strconv.Atoi(mm[1])
+	for _, n := range []int{bound - 1, bound, bound + 1, 4 << 10} {
+		d := full
+		// Words: a long run of one letter reads as a secret and is masked.
+		m := []byte(strings.Repeat("the apiserver is down. ", n/23+1)[:n])
+		m[n-1] = '.'
+		d.Message = string(m)
+		if got := status.Annotations(d)[status.AnnotationPrefix+"message"]; len(got) > bound || (n <= bound && got != d.Message) {
+			t.Errorf("a message of %d bytes is annotated as %d bytes (%q...), docs/reference.md says at most %d", n, len(got), got[:min(len(got), 20)], bound)
+		}
 	}
 }

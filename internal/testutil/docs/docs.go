@@ -52,6 +52,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -358,4 +359,53 @@ func Pages() ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// TableRow returns the cells of the one table row of page (a file name
+// under docs/) whose first cell is name in backticks, each trimmed: a test
+// in a package reads the value it checks (a file's mode, a default) from
+// the page that promises it.
+func TableRow(page, name string) ([]string, error) {
+	return TableRowIn(filepath.Join(Dir(), page), name)
+}
+
+// TableRowIn is TableRow of the markdown file at path.
+func TableRowIn(path, name string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var found [][]string
+	for _, l := range strings.Split(string(b), "\n") {
+		l = strings.TrimSpace(l)
+		if !strings.HasPrefix(l, "| `"+name+"` |") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(l, "|"), "|")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		found = append(found, cells)
+	}
+	if len(found) != 1 {
+		return nil, fmt.Errorf("%s has %d table rows for `%s`, want 1", filepath.Base(path), len(found), name)
+	}
+	return found[0], nil
+}
+
+// FileMode is the mode docs/reference.md's Files table gives the host
+// path p (every file there is root:root, the page says).
+func FileMode(p string) (os.FileMode, error) {
+	row, err := TableRow("reference.md", p)
+	if err != nil {
+		return 0, err
+	}
+	if len(row) < 3 {
+		return 0, fmt.Errorf("reference.md's row for %s has %d cells", p, len(row))
+	}
+	m, err := strconv.ParseUint(row[1], 8, 32)
+	if err != nil || !strings.HasPrefix(row[1], "0") {
+		return 0, fmt.Errorf("reference.md gives %s the mode %q, not an octal mode", p, row[1])
+	}
+	return os.FileMode(m), nil
 }

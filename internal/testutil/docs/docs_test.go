@@ -91,3 +91,29 @@ func TestUnclosedBlock(t *testing.T) {
 		t.Fatal("an unclosed block was accepted")
 	}
 }
+
+func TestTableRow(t *testing.T) {
+	page := "| path | mode |\n|---|---|\n| `/a/b` | 0640 |\n| `/a/bc` | 0600 |\n|`x`|no space|\n| `dup` | 1 |\n| `dup` | 2 |\n"
+	path := filepath.Join(t.TempDir(), "p.md")
+	if err := os.WriteFile(path, []byte(page), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := TableRowIn(path, "/a/b"); err != nil || !reflect.DeepEqual(got, []string{"`/a/b`", "0640"}) {
+		t.Fatalf("/a/b: %q %v", got, err)
+	}
+	for _, name := range []string{"/a", "dup", "missing"} {
+		if got, err := TableRowIn(path, name); err == nil {
+			t.Errorf("%s: %q, want an error", name, got)
+		}
+	}
+}
+
+func TestFileMode(t *testing.T) {
+	// The real page: the reconcile log's row.
+	if m, err := FileMode("/var/log/provider-kubernetes-reconcile.log"); err != nil || m != 0o640 {
+		t.Fatalf("%o %v", m, err)
+	}
+	if _, err := FileMode("/no/such/file"); err == nil {
+		t.Fatal("a path the table does not list has a mode")
+	}
+}
