@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
@@ -206,4 +207,32 @@ func indentLines(s, prefix string) string {
 		}
 	}
 	return strings.Join(lines, "")
+}
+
+// plan shows the pass's decision on a converged control plane whose
+// soonest leaf certificate is within certificates.renewBefore (read from
+// the node, as the pass reads it), and nothing to do outside it.
+func TestPlanShowsTheCertificateRenewal(t *testing.T) {
+	for _, tc := range []struct {
+		renewBefore, want string
+	}{
+		{"72h", "Actions:  1. renew-certificates  2. restart-control-plane\n"},
+		{"24h", "Verdict:  nothing to do\n"},
+	} {
+		n := testutil.NewNode(t, "n1")
+		n.Write(paths.ClusterFile, testutil.ClusterSection("init", "v1.37.2", "")+"providerConfig:\n  certificates.renewBefore: "+tc.renewBefore+"\n", 0o600)
+		n.Bundle("v1.37.2")
+		n.Member(testutil.NewAPI(t, "v1.37.2"))
+		n.ControlPlane("v1.37.2")
+		n.Write(paths.VerifiedRecord, "v1.37.2\n", 0o644)
+		cert, _ := testutil.ClientCertUntil(t, "kube-apiserver", time.Now().Add(40*time.Hour))
+		n.Write(paths.PKIDir+"/apiserver.crt", string(cert), 0o644)
+		code, out, errOut := run("plan", "--root", n.Root)
+		if code != reconcile.ExitOK || !strings.Contains(out, tc.want) {
+			t.Fatalf("renewBefore %s: exit %d, want %q:\n%s%s", tc.renewBefore, code, tc.want, out, errOut)
+		}
+		if tc.renewBefore == "72h" && !strings.Contains(out, "the certificate apiserver expires in 39h") {
+			t.Fatalf("the message does not say which certificate and when:\n%s", out)
+		}
+	}
 }

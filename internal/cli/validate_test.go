@@ -160,16 +160,17 @@ func TestValidateRefusesBrokenConfigs(t *testing.T) {
 // no value of the config is printed, the token least of all.
 func TestValidateListsEveryProblemAndNoValue(t *testing.T) {
 	const secret = "Zq8r4Nd0mT0ken9f" // too short for a token
-	in := strings.Replace(pinnedConfig("init", "  providerConfig:\n    budget.verify: "+secret+"\n    "+secret+": 1m\n"), "#cloud-config\n", "", 1)
+	in := strings.Replace(pinnedConfig("init", "  providerConfig:\n    budget.verify: "+secret+"\n    "+secret+": 1m\n    certificates.renewBefore: "+secret+"\n"), "#cloud-config\n", "", 1)
 	in = strings.Replace(in, testutil.Token, secret, 1)
 	in = strings.Replace(in, "role: init", "role: "+secret, 1)
 	in = strings.Replace(in, "v1.37.2", secret, 1)
 	want := []string{"no #cloud-config header", "role is not init", "cluster_token is too short (16 characters",
-		"kubernetesVersion is not an exact", "unknown key, a key of 16 characters (not shown)", "budget.verify is not a positive Go duration"}
+		"kubernetesVersion is not an exact", "unknown key, a key of 16 characters (not shown)", "budget.verify is not a positive Go duration",
+		"certificates.renewBefore is not a positive Go duration"}
 
 	code, out, errOut := runStdin(in, "validate", "-")
 	got := problemLines(t, out)
-	if code != reconcile.ExitFailed || len(got) != len(want) || !strings.HasPrefix(out, "(stdin): invalid: 6 problems\n") {
+	if code != reconcile.ExitFailed || len(got) != len(want) || !strings.HasPrefix(out, "(stdin): invalid: 7 problems\n") {
 		t.Fatalf("exit %d, %d problems, want %d:\n%s%s", code, len(got), len(want), out, errOut)
 	}
 	for i, w := range want {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kairos-io/provider-kubernetes/internal/certs"
 	"github.com/kairos-io/provider-kubernetes/internal/metrics"
 	"github.com/kairos-io/provider-kubernetes/internal/repair"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
@@ -50,6 +51,10 @@ type Budgets struct {
 	// ControlPlaneReady: a joining control plane waiting for the
 	// endpoint's /readyz before kubeadm join.
 	ControlPlaneReady time.Duration `json:"controlPlaneReady"`
+	// CertificateRenewal: kubeadm certs renew all (the opt-in renewal,
+	// certificates.renewBefore). The restart of the static pods after it
+	// is bounded by LocalAPI.
+	CertificateRenewal time.Duration `json:"certificateRenewal"`
 }
 
 // DefaultBudgets are the defaults.
@@ -69,6 +74,7 @@ func DefaultBudgets() Budgets {
 		APIRequest:         5 * time.Second,
 		KubeadmBootstrap:   15 * time.Minute,
 		ControlPlaneReady:  10 * time.Minute,
+		CertificateRenewal: 2 * time.Minute,
 	}
 }
 
@@ -84,8 +90,9 @@ const PassBound = 65 * time.Minute
 // before kubelet-start and again after it; the snapshot, the wait for its
 // turn and the health gate, one kubeadm upgrade, a restart and a
 // verification), the worker upgrade path (the same without the local API,
-// snapshot and gate, with the wait for the control planes) and a bootstrap
-// (a control-plane join waits for /readyz, then one kubeadm init or join).
+// snapshot and gate, with the wait for the control planes), a bootstrap
+// (a control-plane join waits for /readyz, then one kubeadm init or join)
+// and a converged control plane's certificate renewal.
 //
 // The sum saturates at the largest time.Duration instead of wrapping, so
 // budgets that add up past int64 read as too long rather than negative.
@@ -94,7 +101,10 @@ func (b Budgets) Total() time.Duration {
 	cp := sumDurations(common, b.LocalAPI, b.LocalAPI, b.EtcdSnapshot, b.ControlPlaneTurn, b.ControlPlaneHealth)
 	worker := sumDurations(common, b.WaitForCluster)
 	bootstrap := sumDurations(b.ControlPlaneReady, b.KubeadmBootstrap)
-	return max(cp, worker, bootstrap)
+	// A converged control plane's renewal: the certificates command, then
+	// the restart of its static pods, bounded by budget.localAPI.
+	renewal := sumDurations(b.ClusterVersion, b.CertificateRenewal, b.LocalAPI)
+	return max(cp, worker, bootstrap, renewal)
 }
 
 // sumDurations adds durations, saturating at the largest time.Duration
@@ -141,6 +151,7 @@ func (b *Budgets) fields() map[string]*time.Duration {
 		"apiRequest":         &b.APIRequest,
 		"kubeadmBootstrap":   &b.KubeadmBootstrap,
 		"controlPlaneReady":  &b.ControlPlaneReady,
+		"certificateRenewal": &b.CertificateRenewal,
 	}
 }
 
@@ -191,11 +202,18 @@ func (b Budgets) withOverrides(providerConfig map[string]string) (Budgets, []err
 			}
 			continue
 		}
+		if k == certs.RenewBeforeKey {
+			// Not a budget: the opt-in certificate renewal's threshold.
+			if _, err := certs.RenewBefore(providerConfig); err != nil {
+				problems = append(problems, fmt.Errorf("%w: %w", ErrProviderConfig, err))
+			}
+			continue
+		}
 		name, isBudget := strings.CutPrefix(k, BudgetKeyPrefix)
 		f, ok := fields[name]
 		if !isBudget || !ok {
-			problems = append(problems, fmt.Errorf("%w: providerConfig has an unknown key, %s: the keys are %s (a Go duration each, e.g. budget.verify: 6m), and %s",
-				ErrProviderConfig, clusterconfig.ShownKey(k, append(BudgetKeys(), metrics.Key)), strings.Join(BudgetKeys(), ", "), metrics.Key))
+			problems = append(problems, fmt.Errorf("%w: providerConfig has an unknown key, %s: the keys are %s (a Go duration each, e.g. budget.verify: 6m), %s and %s",
+				ErrProviderConfig, clusterconfig.ShownKey(k, append(BudgetKeys(), metrics.Key, certs.RenewBeforeKey)), strings.Join(BudgetKeys(), ", "), metrics.Key, certs.RenewBeforeKey))
 			continue
 		}
 		d, err := time.ParseDuration(strings.TrimSpace(providerConfig[k]))

@@ -131,3 +131,38 @@ func TestOverrideProblemsListsEveryKey(t *testing.T) {
 		t.Fatalf("a good providerConfig: %v", p)
 	}
 }
+
+// certificates.renewBefore is checked with the budgets (the plugin at
+// boot, validate offline, the pass): a positive Go duration up to a year,
+// described, never quoted.
+func TestRenewBeforeIsValidated(t *testing.T) {
+	for _, ok := range []string{"720h", " 72h ", "1h", "8760h"} {
+		if p := DefaultBudgets().OverrideProblems(map[string]string{"certificates.renewBefore": ok}); p != nil {
+			t.Errorf("%q: %v", ok, p)
+		}
+	}
+	const secret = "Zq8-r4Nd0m-cluster-T0ken-9f3a"
+	for v, want := range map[string]string{
+		"30d":    "certificates.renewBefore is not a positive Go duration",
+		"0s":     "certificates.renewBefore is not a positive Go duration",
+		"-720h":  "certificates.renewBefore is not a positive Go duration",
+		"":       "certificates.renewBefore is not a positive Go duration",
+		secret:   "certificates.renewBefore is not a positive Go duration",
+		"8761h":  "certificates.renewBefore is above 8760h0m0s",
+		"87600h": "it would renew on every boot",
+	} {
+		p := DefaultBudgets().OverrideProblems(map[string]string{"certificates.renewBefore": v, "budget.nope": "1s"})
+		if len(p) != 2 || !errors.Is(p[1], ErrProviderConfig) || !strings.Contains(p[1].Error(), want) {
+			t.Errorf("%q: %v, want the unknown key and %q", v, p, want)
+			continue
+		}
+		if v != "" && strings.Contains(p[1].Error(), strings.TrimSpace(v)) {
+			t.Errorf("%q: the error quotes the value: %v", v, p[1])
+		}
+	}
+	// A near miss of the key is named as one.
+	_, err := DefaultBudgets().WithOverrides(map[string]string{"certificates.renewbefore": "720h"})
+	if err == nil || !strings.Contains(err.Error(), "did you mean certificates.renewBefore?") {
+		t.Fatalf("near miss: %v", err)
+	}
+}

@@ -3,8 +3,11 @@ package reconcile
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/certs"
 	"github.com/kairos-io/provider-kubernetes/internal/kube"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/wait"
@@ -125,6 +128,9 @@ func Gather(ctx context.Context, o *observe.Observer, ov Overrides, clusterBudge
 	if !member {
 		return obs
 	}
+	if cp {
+		gatherCertificates(o, &obs)
+	}
 
 	needClient := ov.Cluster == nil || (ov.Node == nil && !cp)
 	if needClient {
@@ -219,4 +225,35 @@ func ConfigBudgets(obs Observation, base Budgets) (Budgets, error) {
 		return base, nil
 	}
 	return base.WithOverrides(obs.Config.Cluster.ProviderConfig)
+}
+
+// gatherCertificates reads the facts of the certificate renewal on a
+// control plane whose providerConfig turns it on (certs.RenewBeforeKey):
+// the leaf that expires first and how long it has left. Nothing is read
+// when renewal is off (a converged pass costs what it did); a value
+// providerConfig refuses is the pass's refusal, not decided here.
+func gatherCertificates(o *observe.Observer, obs *Observation) {
+	if obs.Config.Cluster == nil {
+		return
+	}
+	before, err := certs.RenewBefore(obs.Config.Cluster.ProviderConfig)
+	if err != nil || before == 0 {
+		return
+	}
+	now := time.Now
+	if o.Clock != nil {
+		now = o.Clock.Now
+	}
+	read, errs := certs.Read(o.Root)
+	c, ok := certs.Soonest(read, false)
+	f := &obs.Facts.Certificates
+	f.RenewBefore = before
+	if len(errs) > 0 {
+		obs.Notes = append(obs.Notes, fmt.Sprintf("certificates: %d not read (%s)", len(errs), errs[0].Error()))
+	}
+	if !ok {
+		obs.Notes = append(obs.Notes, "certificates: no leaf certificate read: no renewal is decided")
+		return
+	}
+	f.Soonest, f.Left = c.Name, c.NotAfter.Sub(now())
 }

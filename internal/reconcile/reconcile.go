@@ -110,6 +110,13 @@ type Options struct {
 	// EtcdHealthy is one attempt at "every etcd member is healthy"; nil
 	// uses the real check through the node's etcd client certificate.
 	EtcdHealthy func(ctx context.Context) error
+	// LocalAPIReady is one attempt at "the local apiserver is back after
+	// the static pods restarted"; nil uses the real check (its /readyz,
+	// serving the certificate on disk).
+	LocalAPIReady func(ctx context.Context) error
+	// Listening is the local TCP ports that listen, as the static pods'
+	// restart watches them; nil reads /proc/net (staticpods.Listening).
+	Listening func() (map[int]bool, error)
 }
 
 // Result is the outcome of a pass.
@@ -148,6 +155,8 @@ type pass struct {
 	// metricsFailed: its write failed once in this pass (logged once).
 	metricsDir    string
 	metricsFailed bool
+	// renewed says what a certificate renewal of this pass did (its Event).
+	renewed string
 }
 
 // event records one Event of this pass for the Node (published after it).
@@ -183,6 +192,9 @@ func Run(ctx context.Context, opts Options) Result {
 	defer unlock()
 
 	p := &pass{Options: opts, metricsDir: metrics.DefaultDir}
+	// Before anything is observed: a pass killed while it restarted the
+	// static pods left their manifests parked.
+	p.restoreParked()
 	p.obs = &observe.Observer{Root: opts.Root, ClusterFile: opts.ClusterFile, Runner: opts.Runner, Clock: opts.Clock,
 		APITimeout: opts.Budgets.APIRequest, Log: opts.Log}
 	p.doc.BootID = p.obs.BootID()
@@ -363,6 +375,10 @@ func (p *pass) carryOut(ctx context.Context, obs Observation, pl plan.Plan) Resu
 	if upgrading(pl) {
 		p.event("Normal", status.EventUpgradeFinished, fmt.Sprintf("upgraded to %s and verified (%s)", pl.Pin, actionList(pl.Actions)))
 	}
+	if pl.Has(plan.ActionRenewCertificates) {
+		p.doc.Message += "; " + p.renewed
+		p.renewalEvent(pl, nil)
+	}
 	if pl.Has(plan.ActionVerify) || pl.Has(plan.ActionInit) || pl.Has(plan.ActionJoin) {
 		// Only now is the node known to run the pin: a crash before this
 		// line makes the next boot finish the kubelet restart and verify.
@@ -406,6 +422,13 @@ func (p *pass) act(ctx context.Context, obs Observation, pl plan.Plan) error {
 		reason, err := p.step(ctx, a, obs, pl)
 		if a == plan.ActionEtcdSnapshot {
 			// The step logs its own single line (etcd-snapshot outcome=...).
+			continue
+		}
+		if a == plan.ActionRenewCertificates {
+			// Its own single line (cert-renew outcome=...).
+			if err != nil {
+				return &stepError{action: a, reason: reason, err: err}
+			}
 			continue
 		}
 		attrs := []any{"outcome", "ok", "duration", p.Clock.Now().Sub(start).Round(time.Millisecond).String()}
@@ -490,6 +513,10 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 		return ReasonKubeletRestartFailed, p.restartKubelet(ctx)
 	case plan.ActionVerify:
 		return ReasonHealthGateTimeout, p.verify(ctx, obs, pl)
+	case plan.ActionRenewCertificates:
+		return ReasonCertificateRenewalFailed, p.renewCertificates(ctx, obs, pl)
+	case plan.ActionRestartControlPlane:
+		return ReasonControlPlaneRestartFailed, p.restartControlPlane(ctx)
 	}
 	return "", fmt.Errorf("unknown action %q", a)
 }
@@ -697,6 +724,7 @@ func (p *pass) fail(ctx context.Context, obs Observation, pl plan.Plan, action, 
 	if upgrading(pl) {
 		p.event("Warning", status.EventUpgradeFailed, reason+": "+p.doc.Message)
 	}
+	p.renewalEvent(pl, err)
 	p.writeStatus()
 	p.Log.Error(EventDone, "outcome", "failed", "reason", reason, "action", action, "error", runner.Sanitize(err.Error(), 400))
 	return Result{Plan: pl, Status: p.doc, ExitCode: ExitFailed, Err: err}

@@ -118,6 +118,15 @@ type Certificate struct {
 // 30 days from its expiry.
 const EventCertificatesExpiring = "CertificatesExpiring"
 
+// Events of the opt-in certificate renewal (providerConfig
+// certificates.renewBefore): Normal when kubeadm renewed the leaf
+// certificates and the static pods restarted with them, Warning when
+// either failed.
+const (
+	EventCertificatesRenewed       = "CertificatesRenewed"
+	EventCertificatesRenewalFailed = "CertificatesRenewalFailed"
+)
+
 // Backups summarises kubeadm's etcd backup copies.
 type Backups struct {
 	Count int    `json:"count"`

@@ -351,13 +351,13 @@ func nearMiss(k, known string) bool {
 
 // BudgetNames are the providerConfig budget.<name> names the provider
 // reads (internal/reconcile's Budgets; a test keeps the two equal).
-var BudgetNames = []string{"apiRequest", "clusterVersion", "controlPlaneHealth", "controlPlaneReady", "controlPlaneTurn", "etcdSnapshot", "kubeadmBootstrap",
+var BudgetNames = []string{"apiRequest", "certificateRenewal", "clusterVersion", "controlPlaneHealth", "controlPlaneReady", "controlPlaneTurn", "etcdSnapshot", "kubeadmBootstrap",
 	"kubeadmUpgrade", "kubeletHealthy", "kubeletRestart", "kubeletStart", "localAPI", "verify", "waitForCluster"}
 
 // providerConfigKeys are the providerConfig keys an error may name: the
 // budgets, and the nested budgets: of old releases (refused by name).
 func providerConfigKeys() []string {
-	keys := []string{"budgets", "metrics.textfileDir"}
+	keys := []string{"budgets", "metrics.textfileDir", "certificates.renewBefore"}
 	for _, n := range BudgetNames {
 		keys = append(keys, "budget."+n)
 	}

@@ -7,6 +7,7 @@ package plan
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 )
@@ -86,6 +87,12 @@ const (
 	ActionUpgradeNode           Action = "upgrade-node"
 	ActionRestartKubelet        Action = "restart-kubelet"
 	ActionVerify                Action = "verify"
+	// ActionRenewCertificates runs kubeadm certs renew all on a converged
+	// control plane whose soonest leaf certificate is within
+	// certificates.renewBefore; ActionRestartControlPlane then restarts its
+	// static pods so they load the renewed certificates.
+	ActionRenewCertificates   Action = "renew-certificates"
+	ActionRestartControlPlane Action = "restart-control-plane"
 )
 
 // Code names a refusal.
@@ -128,6 +135,27 @@ type Facts struct {
 	// provider's persistent record, written only after a verify passed or
 	// a bootstrap completed); zero when there is no record.
 	Verified version.Version
+	// Certificates is what the certificate renewal is decided on (zero:
+	// renewal off or nothing read).
+	Certificates Certificates
+}
+
+// Certificates are the facts of the opt-in certificate renewal, read on a
+// control plane member whose providerConfig sets certificates.renewBefore.
+type Certificates struct {
+	// RenewBefore is providerConfig's certificates.renewBefore; 0 is off.
+	RenewBefore time.Duration
+	// Soonest is kubeadm's name of the leaf certificate (never an
+	// authority) that expires first; "" when none was read.
+	Soonest string
+	// Left is how long that certificate had left when it was read
+	// (negative once expired).
+	Left time.Duration
+}
+
+// RenewalDue reports whether the soonest leaf expires within RenewBefore.
+func (c Certificates) RenewalDue() bool {
+	return c.RenewBefore > 0 && c.Soonest != "" && c.Left < c.RenewBefore
 }
 
 // Shown are Facts as printed: the role and the pin as ShownPin and
@@ -281,6 +309,14 @@ func Decide(w version.Window, f Facts) Plan {
 		if !c.IsZero() && n.Less(c) {
 			pl.Warnings = append(pl.Warnings, fmt.Sprintf("the cluster is at %s, ahead of this node's %s: bump the pin and boot the matching image to follow", c, n))
 		}
+		// Only a control plane otherwise converged renews: an upgrade
+		// renews the certificates itself, and a refusal changes nothing.
+		if cp && f.Certificates.RenewalDue() {
+			pl.Verdict = VerdictAct
+			pl.Actions = []Action{ActionRenewCertificates, ActionRestartControlPlane}
+			pl.Message = fmt.Sprintf("converged at %s, but the certificate %s %s, within certificates.renewBefore %s: renew kubeadm's certificates and restart the control-plane static pods",
+				n, f.Certificates.Soonest, shownLeft(f.Certificates.Left), f.Certificates.RenewBefore)
+		}
 		return pl
 	}
 
@@ -330,6 +366,14 @@ func Decide(w version.Window, f Facts) Plan {
 	}
 	return Plan{Verdict: VerdictAct, Actions: append([]Action{ActionWaitForClusterUpgrade, ActionUpgradeNode}, tail...), Pin: p,
 		Message: fmt.Sprintf("the control planes are at %s: wait, bounded, for every one to serve %s, then upgrade this worker %s -> %s", c, p, n, p)}
+}
+
+// shownLeft is a time left as the plan message says it, to the minute.
+func shownLeft(d time.Duration) string {
+	if d < 0 {
+		return "has expired"
+	}
+	return "expires in " + d.Truncate(time.Minute).String()
 }
 
 func lastOf(w version.Window) version.Minor {

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
@@ -290,6 +291,48 @@ func TestUnverifiedUpgradeIsFinished(t *testing.T) {
 				t.Fatalf("%s %v (%s), want %s %v", pl.Verdict, pl.Actions, pl.Message, r.verdict, r.actions)
 			}
 			if r.verdict == VerdictAct && reflect.DeepEqual(r.actions, finish) && !strings.Contains(pl.Message, "was last verified at "+r.verified) {
+				t.Fatalf("message %q", pl.Message)
+			}
+		})
+	}
+}
+
+// The opt-in certificate renewal is decided here, on a control plane that
+// is otherwise converged, and nowhere else.
+func TestDecideCertificateRenewal(t *testing.T) {
+	converged := Facts{Member: true, Role: RoleControlPlane, Pin: "v1.37.2", Bundled: v("v1.37.2"), Node: v("v1.37.2"), Cluster: v("v1.37.2"), Verified: v("v1.37.2")}
+	due := Certificates{RenewBefore: 72 * time.Hour, Soonest: "apiserver", Left: 40 * time.Hour}
+	renew := []Action{ActionRenewCertificates, ActionRestartControlPlane}
+	for _, tc := range []struct {
+		name    string
+		edit    func(f *Facts)
+		verdict Verdict
+		actions []Action
+	}{
+		{"due", func(f *Facts) { f.Certificates = due }, VerdictAct, renew},
+		{"init role", func(f *Facts) { f.Role, f.Certificates = RoleInit, due }, VerdictAct, renew},
+		{"expired", func(f *Facts) { f.Certificates = due; f.Certificates.Left = -time.Hour }, VerdictAct, renew},
+		{"not yet due", func(f *Facts) { f.Certificates = due; f.Certificates.Left = 73 * time.Hour }, VerdictNone, []Action{}},
+		{"exactly at the threshold", func(f *Facts) { f.Certificates = due; f.Certificates.Left = 72 * time.Hour }, VerdictNone, []Action{}},
+		{"renewal off", func(f *Facts) { f.Certificates = due; f.Certificates.RenewBefore = 0 }, VerdictNone, []Action{}},
+		{"nothing read", func(f *Facts) { f.Certificates = due; f.Certificates.Soonest = "" }, VerdictNone, []Action{}},
+		{"worker", func(f *Facts) { f.Role, f.Certificates = RoleWorker, due }, VerdictNone, []Action{}},
+		// An upgrade renews the certificates itself: it is the plan.
+		{"upgrade due", func(f *Facts) {
+			f.Node, f.Cluster, f.Verified, f.Certificates = v("v1.36.3"), v("v1.36.3"), v("v1.36.3"), due
+		}, VerdictAct,
+			[]Action{ActionEtcdSnapshot, ActionUpgradeApply, ActionRestartKubelet, ActionVerify}},
+		{"upgrade unfinished", func(f *Facts) { f.Verified, f.Certificates = v("v1.36.3"), due }, VerdictAct, []Action{ActionRestartKubelet, ActionVerify}},
+		{"refused", func(f *Facts) { f.Pin, f.Certificates = "v1.36.3", due }, VerdictRefuse, []Action{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := converged
+			tc.edit(&f)
+			pl := Decide(window, f)
+			if pl.Verdict != tc.verdict || !reflect.DeepEqual(pl.Actions, tc.actions) {
+				t.Fatalf("%s %v, want %s %v (%s)", pl.Verdict, pl.Actions, tc.verdict, tc.actions, pl.Message)
+			}
+			if pl.Has(ActionRenewCertificates) && (!strings.Contains(pl.Message, "apiserver") || !strings.Contains(pl.Message, "72h0m0s") || pl.Redecide) {
 				t.Fatalf("message %q", pl.Message)
 			}
 		})

@@ -17,6 +17,7 @@ import (
 	pluggable "github.com/mudler/go-pluggable"
 
 	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/certs"
 	"github.com/kairos-io/provider-kubernetes/internal/metrics"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/publish"
@@ -201,8 +202,12 @@ func TestReferenceBudgets(t *testing.T) {
 	if row, ok := rows[metrics.Key]; !ok || len(row) < 3 || row[1] != "`"+metrics.DefaultDir+"`" || !strings.Contains(row[2], "`"+metrics.Off+"`") {
 		t.Errorf("docs/reference.md: %s is not documented with its default %s and %s: %q", metrics.Key, metrics.DefaultDir, metrics.Off, row)
 	}
+	// And the opt-in certificate renewal's threshold, off by default.
+	if row, ok := rows[certs.RenewBeforeKey]; !ok || len(row) < 3 || !strings.Contains(row[1], "off") || !strings.Contains(row[2], "`"+strings.TrimSuffix(certs.MaxRenewBefore.String(), "0m0s")+"`") {
+		t.Errorf("docs/reference.md: %s is not documented as off by default with its bound %s: %q", certs.RenewBeforeKey, certs.MaxRenewBefore, row)
+	}
 	for k := range rows {
-		if !contains(keys, k) && k != metrics.Key {
+		if !contains(keys, k) && k != metrics.Key && k != certs.RenewBeforeKey {
 			t.Errorf("docs/reference.md documents %s, not a providerConfig key", k)
 		}
 	}
