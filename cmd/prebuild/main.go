@@ -100,7 +100,7 @@ func run(ctx context.Context, minors string, e2eBase bool, out io.Writer) error 
 			}})
 		}
 	}
-	fmt.Fprintf(out, "prebuild: %d one-time builds, cached in %s (cold: 30-40 min on 2 cores; warm: seconds)\n", len(steps), testbin.CacheDir())
+	fmt.Fprintf(out, "prebuild: %d one-time builds, cached in %s (cold: about 43 min on 2 cores; warm: seconds)\n", len(steps), testbin.CacheDir())
 	start := time.Now()
 	cold := 0
 	for i, s := range steps {
