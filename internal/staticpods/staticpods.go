@@ -158,7 +158,6 @@ func (r *Restarter) Restart(ctx context.Context) (restarted []string, err error)
 	}
 	deadline := clk.Now().Add(r.Budget)
 	manifests := r.Root.Path(paths.ManifestsDir)
-	park := r.Root.Path(ParkDir)
 	ports := map[string][]int{}
 	for _, c := range Components {
 		b, err := observe.ReadManifest(filepath.Join(manifests, c+".yaml"))
@@ -174,12 +173,14 @@ func (r *Restarter) Restart(ctx context.Context) (restarted []string, err error)
 	if len(restarted) == 0 {
 		return nil, errors.New("no control-plane manifest in " + paths.ManifestsDir)
 	}
-	if err := fsutil.MkdirAllMode(park, 0o700); err != nil {
+	pd, err := fsutil.MkdirAllBeneath(r.Root.Path("/"), ParkDir, 0o700)
+	if err != nil {
 		return nil, fmt.Errorf("park directory: %w", err)
 	}
+	pd.Close()
 	var parked []string
 	for _, c := range restarted {
-		if err := move(manifests, park, c+".yaml"); err != nil {
+		if err := move(r.Root, paths.ManifestsDir, ParkDir, c+".yaml"); err != nil {
 			err = fmt.Errorf("move %s.yaml out of %s: %w", c, paths.ManifestsDir, err)
 			return nil, errors.Join(err, r.unpark(parked))
 		}
@@ -248,7 +249,7 @@ func budget(clk wait.Clock, deadline time.Time) wait.Budget {
 func (r *Restarter) unpark(cs []string) error {
 	var errs []error
 	for _, c := range cs {
-		if err := move(r.Root.Path(ParkDir), r.Root.Path(paths.ManifestsDir), c+".yaml"); err != nil {
+		if err := move(r.Root, ParkDir, paths.ManifestsDir, c+".yaml"); err != nil {
 			errs = append(errs, fmt.Errorf("move %s.yaml back into %s: %w (it is in %s)", c, paths.ManifestsDir, err, ParkDir))
 		}
 	}
@@ -258,14 +259,28 @@ func (r *Restarter) unpark(cs []string) error {
 	return errors.Join(errs...)
 }
 
-// move renames name from one directory to the other, never replacing a
-// file there (RENAME_NOREPLACE), and syncs both directories.
-func move(from, to, name string) error {
-	if err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(from, name), unix.AT_FDCWD, filepath.Join(to, name), unix.RENAME_NOREPLACE); err != nil {
+// move renames name from the host directory from to the host directory to
+// (both under root), never replacing a file there (RENAME_NOREPLACE), and
+// syncs both directories. Each directory is opened beneath root without
+// following a symlink in any component, and the rename is made between
+// those handles: a link planted in a path cannot carry a manifest
+// elsewhere.
+func move(root paths.Root, from, to, name string) error {
+	fd, err := fsutil.OpenDirNoFollow(root.Path("/"), from)
+	if err != nil {
 		return err
 	}
-	fsutil.SyncDir(to)
-	fsutil.SyncDir(from)
+	defer fd.Close()
+	td, err := fsutil.OpenDirNoFollow(root.Path("/"), to)
+	if err != nil {
+		return err
+	}
+	defer td.Close()
+	if err := unix.Renameat2(int(fd.Fd()), name, int(td.Fd()), name, unix.RENAME_NOREPLACE); err != nil {
+		return &os.LinkError{Op: "rename", Old: from + "/" + name, New: to + "/" + name, Err: err}
+	}
+	_ = td.Sync()
+	_ = fd.Sync()
 	return nil
 }
 
@@ -290,7 +305,7 @@ func RestoreParked(root paths.Root) (restored []string, err error) {
 	}
 	var errs []error
 	for _, c := range cs {
-		if err := move(root.Path(ParkDir), root.Path(paths.ManifestsDir), c+".yaml"); err != nil {
+		if err := move(root, ParkDir, paths.ManifestsDir, c+".yaml"); err != nil {
 			errs = append(errs, fmt.Errorf("move %s.yaml back into %s: %w (it stays in %s)", c, paths.ManifestsDir, err, ParkDir))
 			continue
 		}

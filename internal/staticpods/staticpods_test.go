@@ -202,3 +202,34 @@ func TestRestoreParked(t *testing.T) {
 		t.Fatalf("overwrote a manifest: %v", err)
 	}
 }
+
+// A park directory swapped for a symlink while the pods are stopped (to
+// a directory holding a forged manifest) is not followed: nothing comes
+// back through the link, and the error says the manifests stay parked.
+func TestRestartFollowsNoSymlink(t *testing.T) {
+	n, _ := controlPlane(t)
+	forged := t.TempDir()
+	if err := os.WriteFile(forged+"/kube-apiserver.yaml", []byte("forged\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k := &kubelet{node: n, calls: map[string]int{}}
+	swapped := false
+	r := &Restarter{Root: n.R(), Clock: testutil.NewClock(), Budget: time.Minute, Listening: func() (map[int]bool, error) {
+		if !swapped {
+			swapped = true
+			if err := os.Rename(n.Path(ParkDir), n.Path(ParkDir)+".real"); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(forged, n.Path(ParkDir)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return k.listening()
+	}}
+	if _, err := r.Restart(context.Background()); err == nil || !strings.Contains(err.Error(), "back into") {
+		t.Fatalf("err %v", err)
+	}
+	if n.Exists(paths.ManifestsDir + "/kube-apiserver.yaml") {
+		t.Fatalf("a manifest came back through the link: %q", n.Read(paths.ManifestsDir+"/kube-apiserver.yaml"))
+	}
+}
