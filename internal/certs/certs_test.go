@@ -1,11 +1,9 @@
 package certs
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,7 +14,6 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
-	"github.com/kairos-io/provider-kubernetes/internal/runner"
 	"github.com/kairos-io/provider-kubernetes/internal/testbin"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
@@ -99,44 +96,11 @@ func TestCarryKeepsWhatAFailedReadKnew(t *testing.T) {
 
 // kubeadmPKI makes a control plane's certificates and kubeconfigs under
 // root with the real kubeadm, every leaf valid for leaf and every
-// authority for ca; it returns when the commands started and ended.
+// authority for ca.
 func kubeadmPKI(t *testing.T, kubeadm, root string, leaf, ca time.Duration, phases ...string) {
 	t.Helper()
-	cfg := filepath.Join(t.TempDir(), "kubeadm.yaml")
-	doc := fmt.Sprintf(`apiVersion: kubeadm.k8s.io/v1beta4
-kind: InitConfiguration
-localAPIEndpoint:
-  advertiseAddress: 10.0.0.11
-  bindPort: 6443
-nodeRegistration:
-  name: n1
----
-apiVersion: kubeadm.k8s.io/v1beta4
-kind: ClusterConfiguration
-kubernetesVersion: v1.37.2
-controlPlaneEndpoint: 10.0.0.11:6443
-certificatesDir: %s
-certificateValidityPeriod: %s
-caCertificateValidityPeriod: %s
-`, filepath.Join(root, paths.PKIDir), leaf, ca)
-	if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	for _, ph := range phases {
-		args := append([]string{"init", "phase"}, strings.Fields(ph)...)
-		args = append(args, "--config", cfg)
-		if strings.HasPrefix(ph, "kubeconfig") {
-			args = append(args, "--kubeconfig-dir", filepath.Join(root, paths.KubernetesDir))
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		cmd := exec.CommandContext(ctx, kubeadm, args...)
-		cmd.Env = runner.BaseEnv
-		out, err := cmd.CombinedOutput()
-		cancel()
-		if err != nil {
-			t.Fatalf("kubeadm %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
+	testutil.KubeadmInitPhases(t, kubeadm, fmt.Sprintf("certificatesDir: %s\ncertificateValidityPeriod: %s\ncaCertificateValidityPeriod: %s\n",
+		filepath.Join(root, paths.PKIDir), leaf, ca), filepath.Join(root, paths.KubernetesDir), phases...)
 }
 
 // TestRealKubeadmPKI reads what the real kubeadm writes: every

@@ -7,11 +7,9 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
-	"strings"
 	"testing"
 	"time"
 
@@ -79,39 +77,8 @@ func TestRealKubeadmRenewal(t *testing.T) {
 	t.Cleanup(func() { _ = unix.Unmount(paths.KubernetesDir, unix.MNT_DETACH) })
 
 	// The control plane, as kubeadm init makes it.
-	cfg := filepath.Join(t.TempDir(), "kubeadm.yaml")
-	doc := fmt.Sprintf(`apiVersion: kubeadm.k8s.io/v1beta4
-kind: InitConfiguration
-localAPIEndpoint:
-  advertiseAddress: 10.0.0.11
-  bindPort: 6443
-nodeRegistration:
-  name: n1
----
-apiVersion: kubeadm.k8s.io/v1beta4
-kind: ClusterConfiguration
-kubernetesVersion: v1.37.2
-controlPlaneEndpoint: 10.0.0.11:6443
-certificatesDir: %s
-certificateValidityPeriod: 48h0m0s
-etcd:
-  local:
-    dataDir: %s
-`, paths.PKIDir, n.Path(paths.EtcdDir))
-	if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	for _, ph := range []string{"certs all", "kubeconfig all", "control-plane all", "etcd local"} {
-		args := append(append([]string{"init", "phase"}, strings.Fields(ph)...), "--config", cfg)
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		cmd := exec.CommandContext(ctx, kubeadm, args...)
-		cmd.Env = runner.BaseEnv
-		out, err := cmd.CombinedOutput()
-		cancel()
-		if err != nil {
-			t.Fatalf("kubeadm %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
+	testutil.KubeadmInitPhases(t, kubeadm, fmt.Sprintf("certificatesDir: %s\ncertificateValidityPeriod: 48h0m0s\netcd:\n  local:\n    dataDir: %s\n",
+		paths.PKIDir, n.Path(paths.EtcdDir)), "", "certs all", "kubeconfig all", "control-plane all", "etcd local")
 	n.Bundle("v1.37.2")
 	n.Write(paths.VerifiedRecord, "v1.37.2\n", 0o644)
 	n.Write(paths.Kubeadm, "", 0o755)
