@@ -347,3 +347,25 @@ func ReadFileBeneath(root, rel string, limit int64) ([]byte, error) {
 	}
 	return readBounded(f, rel, limit)
 }
+
+// WriteScratchBeneath writes data, mode 0600, as the file rel (a host
+// path such as "/run/provider-kubernetes/tmp/x.yaml") under root, for a
+// command to read: its directory is made 0700 if missing and opened
+// without following a symlink in any component, and the file is written
+// atomically through that handle. remove deletes the file again, through
+// the same handle (a no-op after an error).
+func WriteScratchBeneath(root, rel string, data []byte) (remove func(), err error) {
+	dir, err := MkdirAllBeneath(root, path.Dir(rel), 0o700)
+	if err != nil {
+		return func() {}, fmt.Errorf("scratch directory: %w", err)
+	}
+	name := path.Base(rel)
+	if err := WriteFileAtomicAt(dir, name, data, 0o600); err != nil {
+		dir.Close()
+		return func() {}, err
+	}
+	return func() {
+		_ = unix.Unlinkat(int(dir.Fd()), name, 0)
+		dir.Close()
+	}, nil
+}

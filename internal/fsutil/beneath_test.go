@@ -70,3 +70,37 @@ func TestWriteFileAtomicAtGroup(t *testing.T) {
 		}
 	}
 }
+
+// A scratch file for a command lands 0600 in a 0700 directory made beneath
+// the root and goes with remove; a symlink planted for its directory is
+// not followed.
+func TestWriteScratchBeneath(t *testing.T) {
+	root := t.TempDir()
+	remove, err := WriteScratchBeneath(root, "/run/pk/tmp/a.yaml", []byte("x: 1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := filepath.Join(root, "run/pk/tmp/a.yaml")
+	st, err := os.Lstat(full)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("%v %v", st, err)
+	}
+	if d, err := os.Lstat(filepath.Dir(full)); err != nil || d.Mode().Perm() != 0o700 {
+		t.Fatalf("directory %v %v", d, err)
+	}
+	remove()
+	if _, err := os.Lstat(full); !os.IsNotExist(err) {
+		t.Fatalf("not removed: %v", err)
+	}
+
+	elsewhere := t.TempDir()
+	if err := os.Symlink(elsewhere, filepath.Join(root, "run/pk/link")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WriteScratchBeneath(root, "/run/pk/link/b.yaml", []byte("x: 1\n")); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("through a symlinked directory: %v", err)
+	}
+	if ents, _ := os.ReadDir(elsewhere); len(ents) != 0 {
+		t.Fatalf("%d files written through the link", len(ents))
+	}
+}

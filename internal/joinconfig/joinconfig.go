@@ -14,8 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -275,13 +273,11 @@ func uploadCerts(ctx context.Context, o Options, clusterConfigDoc, key string) e
 	}
 	cfg := string(initDoc) + "---\n" + strings.TrimSpace(clusterConfigDoc) + "\n"
 	full := o.Root.Path(UploadCertsConfigPath)
-	if err := fsutil.MkdirAllMode(filepath.Dir(full), 0o700); err != nil {
-		return fmt.Errorf("tmp dir: %w", err)
-	}
-	if err := fsutil.WriteFileAtomic(full, []byte(cfg), 0o600); err != nil {
+	remove, err := fsutil.WriteScratchBeneath(o.Root.Path("/"), UploadCertsConfigPath, []byte(cfg))
+	if err != nil {
 		return err
 	}
-	defer os.Remove(full)
+	defer remove()
 	_, err = o.Runner.Run(ctx, runner.Cmd{Path: paths.Kubeadm, Timeout: o.KubeadmTimeout, Args: []string{
 		"init", "phase", "upload-certs", "--upload-certs", "--config", full,
 		"--kubeconfig", o.Root.Path(paths.AdminConf), "--skip-certificate-key-print"}})

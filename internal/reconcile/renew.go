@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -83,13 +81,11 @@ func (p *pass) runRenewal(ctx context.Context, obs Observation, pl plan.Plan) er
 		return err
 	}
 	full := p.Root.Path(certs.RenewConfigPath)
-	if err := fsutil.MkdirAllMode(filepath.Dir(full), 0o700); err != nil {
-		return fmt.Errorf("tmp dir: %w", err)
-	}
-	if err := fsutil.WriteFileAtomic(full, cfg, 0o600); err != nil {
+	remove, err := fsutil.WriteScratchBeneath(p.Root.Path("/"), certs.RenewConfigPath, cfg)
+	if err != nil {
 		return err
 	}
-	defer os.Remove(full)
+	defer remove()
 	ctx, cancel := context.WithTimeout(ctx, p.Budgets.CertificateRenewal)
 	defer cancel()
 	cmd := runner.Cmd{Path: paths.Kubeadm, Args: certs.RenewArgs(full)}

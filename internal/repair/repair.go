@@ -161,7 +161,8 @@ func (r *Repairer) Repair(ctx context.Context, in Input) ([]string, error) {
 	if err != nil {
 		return warnings, err
 	}
-	if err := fsutil.WriteFileAtomic(full, cfg, 0o600); err != nil {
+	remove, err := fsutil.WriteScratchBeneath(r.Root.Path("/"), ConfigPath, cfg)
+	if err != nil {
 		return warnings, err
 	}
 	// budget.kubeletStart bounds kubelet-start and the restart after it
@@ -169,7 +170,7 @@ func (r *Repairer) Repair(ctx context.Context, in Input) ([]string, error) {
 	sctx, cancel := context.WithTimeout(ctx, r.Budgets.KubeletStart)
 	defer cancel()
 	_, err = r.Runner.Run(sctx, runner.Cmd{Path: paths.Kubeadm, Args: []string{"init", "phase", "kubelet-start", "--config", full}, Timeout: r.Budgets.KubeletStart})
-	os.Remove(full)
+	remove()
 	if err != nil {
 		r.Log.Error(EventKubeletStart, "outcome", "failed", "trigger", trigger, "error", runner.Sanitize(err.Error(), 400))
 		return warnings, fmt.Errorf("kubeadm init phase kubelet-start: %w", err)
