@@ -1,7 +1,6 @@
 package reconcile
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -131,8 +130,9 @@ const BudgetKeyPrefix = "budget."
 // is bounded at two minutes"): providerConfig may lower it, not raise it.
 const MaxEtcdSnapshot = 2 * time.Minute
 
-// ErrProviderConfig marks a providerConfig the provider refuses.
-var ErrProviderConfig = errors.New("invalid providerConfig")
+// ErrProviderConfig marks a providerConfig the provider refuses: the one
+// sentinel of pkg/clusterconfig, whose shape checks use it too.
+var ErrProviderConfig = clusterconfig.ErrProviderConfig
 
 // fields maps each budget's key name to its field.
 func (b *Budgets) fields() map[string]*time.Duration {

@@ -28,12 +28,12 @@ import (
 // ErrInvalid marks a cluster section the provider cannot act on.
 var ErrInvalid = errors.New("invalid cluster config")
 
-// ErrProviderConfig marks a problem with the section's providerConfig
-// (its shape here; its keys and values where they are read): the pass
-// fails such a section as ConfigInvalid, as it fails a bad budget, rather
-// than refusing it as an unreadable pin. Such errors also match ErrInvalid
-// and read as the problem alone.
-var ErrProviderConfig = errors.New("providerConfig cannot be used")
+// ErrProviderConfig marks a problem with the section's providerConfig:
+// its shape (found here, matching ErrInvalid too and reading as the
+// problem alone) and its keys and values (internal/reconcile's budgets,
+// which wrap it under this text). The pass fails such a section as
+// ConfigInvalid rather than refusing it as an unreadable pin.
+var ErrProviderConfig = errors.New("invalid providerConfig")
 
 // providerConfigError is a problem of providerConfig: its message is the
 // problem's, it unwraps to ErrInvalid's chain and it matches
