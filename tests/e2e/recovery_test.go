@@ -276,7 +276,10 @@ func restoreCluster(t testing.TB, trees map[string]string, cps []*haNode, worker
 		if out := rb.run(hn, "provider-kubernetes status"); !strings.Contains(out, "Converged") || !strings.Contains(out, "v1.36.3") {
 			t.Fatalf("%s status after the restore:\n%s", hn.name, out)
 		}
+		// As the page says: every member healthy before the next reboot.
+		rb.until(hn, rb.withCmd("/usr/bin/etcdctl", "endpoint health", ""), 5*time.Minute, healthy(3))
 	}
+	rb.until(cp1, "kubectl --kubeconfig /etc/kubernetes/admin.conf get --raw /readyz", 3*time.Minute, func(out string) bool { return strings.TrimSpace(out) == "ok" })
 	// 5. The worker: reset and rejoined at 1.36 with the 1.36 image.
 	rejoin(t, rj, rb, cp1, worker, "worker", trees)
 	rb.done()
