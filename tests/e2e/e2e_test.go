@@ -134,6 +134,9 @@ func base(t testing.TB) harness.Base {
 // never as flags of the provider.
 type node struct {
 	name, ip, role string
+	// clusterExtra is more of clusterConfiguration (lines indented by
+	// two spaces), for one scenario's cluster.
+	clusterExtra string
 }
 
 func clusterSection(token string, n node, endpoint, pin string) []byte {
@@ -151,12 +154,12 @@ func clusterSection(token string, n node, endpoint, pin string) []byte {
   networking:
     podSubnet: 10.244.0.0/16
     serviceSubnet: 10.96.0.0/12
-initConfiguration:
+%sinitConfiguration:
   localAPIEndpoint: {advertiseAddress: %s, bindPort: 6443}
   nodeRegistration:
 %sjoinConfiguration:
   nodeRegistration:
-%s`, pin, endpoint, n.ip, reg, reg)
+%s`, pin, endpoint, n.clusterExtra, n.ip, reg, reg)
 	if n.role == "controlplane" {
 		cfg += fmt.Sprintf("  controlPlane:\n    localAPIEndpoint: {advertiseAddress: %s, bindPort: 6443}\n", n.ip)
 	}
@@ -253,7 +256,14 @@ func bumpPin(t testing.TB, n *harness.Node, pin string) {
 // section's providerConfig (a flat map of strings in Kairos's schema).
 func setBudget(t testing.TB, n *harness.Node, name, value string) {
 	t.Helper()
-	block := "  providerConfig:\n    budget." + name + ": "
+	setProviderKey(t, n, "budget."+name, value)
+}
+
+// setProviderKey adds (or, with value "", removes) one key of the
+// section's providerConfig.
+func setProviderKey(t testing.TB, n *harness.Node, key, value string) {
+	t.Helper()
+	block := "  providerConfig:\n    " + key + ": "
 	err := n.EditCloudConfig(func(b []byte) ([]byte, error) {
 		s := string(b)
 		if i := strings.Index(s, block); i >= 0 {
@@ -536,7 +546,9 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 	tr := osTrees(t, "1.35", "1.36", "1.37")
 	c := harness.New(t, harness.Options{Base: base(t)})
 	token := newToken(t)
-	cp1 := node{name: "cp1", ip: "10.0.0.11", role: "init"}
+	// Certificates short-lived (kubeadm v1beta4's certificateValidityPeriod)
+	// for the renewal at the end.
+	cp1 := node{name: "cp1", ip: "10.0.0.11", role: "init", clusterExtra: fmt.Sprintf("  certificateValidityPeriod: %s\n", certValidity)}
 	n, err := c.AddNode(context.Background(), harness.NodeSpec{Name: "cp1", Tree: tr["1.35"]})
 	if err != nil {
 		t.Fatal(err)
@@ -596,9 +608,13 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 	bumpPin(t, n, "v1.37.2")
 	refused(t, n, boot("1.36 image, pin v1.37.2: pin newer than image"), "PinNewerThanImage", before)
 
-	// The upgrade: the 1.37 image and the 1.37 pin.
+	// The upgrade: the 1.37 image and the 1.37 pin, the node rebooted as an
+	// operator does (issue 26 item 2: a pod with a preStop hook is
+	// terminated gracefully on the way down).
+	startGracefulPod(t, n, "1.36")
 	upStart = time.Now()
-	stop()
+	down := rebootFromInside(t, n)
+	progress(t, "cp1: rebooted from inside; the shutdown took %s", down.Round(100*time.Millisecond))
 	setTree("1.37")
 	if code := boot("1.37 image, pin v1.37.2: upgrade apply"); code != 0 {
 		t.Fatalf("upgrade failed: exit %d\n%s\nkubeadm:\n%s", code, lastPass(reconcileLog(t, n)), kubeadmLog(n))
@@ -608,6 +624,8 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 	}
 	waitNodes(t, n, "v1.37.2", "cp1")
 	upgraded(t, n, "v1.37.2")
+	terminatedGracefully(t, n)
+	kubectl(t, n, "delete", "pod", gracefulPod, "--wait=false")
 	if k := strings.Count(reconcileLog(t, n), "etcd-snapshot outcome="); k != 2 {
 		t.Fatalf("want one etcd-snapshot line per upgrade (two), got %d:\n%s", k, reconcileLog(t, n))
 	}
@@ -649,6 +667,9 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 		}
 		kubeletRanThrough(t, n, fmt.Sprintf("converged boot %d", i))
 	}
+
+	// Issue 26 item 1: the opt-in renewal on the running control plane.
+	renewOnRunningControlPlane(t, c, n, cp1.ip, "v1.37.2", boot, stop)
 	t.Logf("whole scenario: %s, cp1 peak memory %d MiB", time.Since(start).Round(time.Second), n.PeakMemory()>>20)
 }
 

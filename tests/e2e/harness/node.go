@@ -541,6 +541,34 @@ func (n *Node) stop(ctx context.Context) error {
 	return err
 }
 
+// WaitExit waits, within budget, for a node that is shutting itself down
+// (`systemctl reboot` inside: logind, its inhibitor locks and the
+// kubelet's graceful shutdown all run) to exit, sending it nothing. A node
+// still running when the budget ends is an error and is left running.
+func (n *Node) WaitExit(ctx context.Context, budget time.Duration) error {
+	n.op.Lock()
+	defer n.op.Unlock()
+	n.mu.Lock()
+	proc, done := n.proc, n.done
+	n.mu.Unlock()
+	if proc == nil {
+		return nil
+	}
+	start := time.Now()
+	t := time.NewTimer(budget)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		return fmt.Errorf("node %s: still running %s after it was asked to shut down", n.Name, budget)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	err := n.afterExit(ctx)
+	n.c.o.Logf("e2e: node %s shut itself down in %s", n.Name, time.Since(start).Round(10*time.Millisecond))
+	return err
+}
+
 // Kill stops the node hard, like pulling the plug: SIGKILL to the
 // container's PID 1 (the kernel then kills everything in its PID namespace),
 // then to nspawn if it lingers. Writes already made stay in the upper dir.

@@ -1,0 +1,274 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kairos-io/provider-kubernetes/images"
+	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/pkg/version"
+	"github.com/kairos-io/provider-kubernetes/tests/e2e/harness"
+)
+
+// Issue 26's day-2 care proven on the single control plane: a graceful
+// reboot for an upgrade (item 2) and the opt-in certificate renewal on a
+// running control plane (item 1).
+
+// gracefulPod is a pod the upgrade reboot must terminate gracefully: a
+// preStop hook that holds the container's SIGTERM back by preStopSeconds
+// (the kubelet's own sleep action: the pause image has no shell), well
+// inside its grace period and the provider's 30 s shutdownGracePeriod.
+const (
+	gracefulPod    = "pk-graceful"
+	preStopSeconds = 6
+)
+
+func gracefulPodManifest(minor string) string {
+	m, err := version.ParseMinor(minor)
+	if err != nil {
+		panic(err)
+	}
+	e, ok := images.ForMinor(m)
+	if !ok {
+		panic("no manifest entry for " + minor)
+	}
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default}
+spec:
+  hostNetwork: true
+  tolerations: [{operator: Exists}]
+  terminationGracePeriodSeconds: 20
+  containers:
+  - name: pause
+    image: registry.k8s.io/pause:%s
+    imagePullPolicy: Never
+    lifecycle:
+      preStop:
+        sleep: {seconds: %d}
+`, gracefulPod, e.Pause, preStopSeconds)
+}
+
+// startGracefulPod creates gracefulPod on n's cluster (the image of minor)
+// and waits until it is Ready.
+func startGracefulPod(t testing.TB, n *harness.Node, minor string) {
+	t.Helper()
+	if err := n.WriteFile("/root/pk-graceful.yaml", []byte(gracefulPodManifest(minor)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, n, "apply", "-f", "/root/pk-graceful.yaml")
+	kubectl(t, n, "wait", "--for=condition=Ready", "pod/"+gracefulPod, "--timeout=2m")
+}
+
+// rebootFromInside is the operator's `reboot` on the node (systemctl
+// through logind, so the kubelet's delay inhibitor lock holds the shutdown
+// while it terminates its pods), waited for until the node has gone down
+// by itself. It returns how long the shutdown took.
+func rebootFromInside(t testing.TB, n *harness.Node) time.Duration {
+	t.Helper()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// The node may go away while systemctl answers: its error is not the
+	// verdict, the node's exit is.
+	_, _ = n.Exec(ctx, "systemctl", "reboot")
+	cancel()
+	ctx, cancel = context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := n.WaitExit(ctx, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// terminatedGracefully asserts what the API kept of gracefulPod after the
+// reboot: the kubelet's graceful shutdown marked it (phase Failed, reason
+// Terminated, the DisruptionTarget condition set by the kubelet) and its
+// container stopped only after the preStop hook had run, at least
+// preStopSeconds after the kubelet began to terminate it.
+func terminatedGracefully(t testing.TB, n *harness.Node) {
+	t.Helper()
+	var pod struct {
+		Status struct {
+			Phase      string
+			Reason     string
+			Message    string
+			Conditions []struct {
+				Type, Status, Reason string
+				LastTransitionTime   time.Time
+			}
+			ContainerStatuses []struct {
+				State, LastState struct {
+					Terminated *struct{ FinishedAt time.Time }
+				}
+			}
+		}
+	}
+	if err := json.Unmarshal(kubectl(t, n, "get", "pod", gracefulPod, "-o", "json"), &pod); err != nil {
+		t.Fatal(err)
+	}
+	st := pod.Status
+	if st.Phase != "Failed" || st.Reason != "Terminated" || !strings.Contains(st.Message, "node shutdown") {
+		t.Fatalf("%s after the upgrade reboot: phase %q reason %q message %q, want Failed/Terminated by the kubelet's graceful node shutdown", gracefulPod, st.Phase, st.Reason, st.Message)
+	}
+	var began time.Time
+	for _, c := range st.Conditions {
+		if c.Type == "DisruptionTarget" && c.Status == "True" && c.Reason == "TerminationByKubelet" {
+			began = c.LastTransitionTime
+		}
+	}
+	if began.IsZero() {
+		t.Fatalf("%s: no DisruptionTarget condition by the kubelet: %+v", gracefulPod, st.Conditions)
+	}
+	var finished time.Time
+	for _, cs := range st.ContainerStatuses {
+		for _, term := range []*struct{ FinishedAt time.Time }{cs.State.Terminated, cs.LastState.Terminated} {
+			if term != nil && term.FinishedAt.After(finished) {
+				finished = term.FinishedAt
+			}
+		}
+	}
+	if finished.IsZero() {
+		t.Fatalf("%s: the API has no terminated state of its container: %+v", gracefulPod, st.ContainerStatuses)
+	}
+	// The API's times are whole seconds: the hook's 6 s show as 5 at least.
+	if d := finished.Sub(began); d < (preStopSeconds-1)*time.Second {
+		t.Fatalf("%s: the container stopped %s after the kubelet began terminating it, want at least the preStop hook's %d s", gracefulPod, d, preStopSeconds)
+	}
+	progress(t, "%s: terminated by the kubelet's graceful shutdown, its container stopped %s after the termination began (preStop %d s)",
+		gracefulPod, finished.Sub(began), preStopSeconds)
+}
+
+// servedCert is the certificate the apiserver at ip:6443 serves, read over
+// TLS from the cluster's bridge network namespace (the test process is not
+// on the nodes' network). The dialing goroutine's thread enters the
+// namespace and is never handed back: it ends with the goroutine.
+func servedCert(t testing.TB, c *harness.Cluster, ip string) *x509.Certificate {
+	t.Helper()
+	type result struct {
+		cert *x509.Certificate
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
+		f, err := os.Open(filepath.Join("/run/netns", c.BridgeNetNS()))
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- result{err: fmt.Errorf("setns: %w", err)}
+			return
+		}
+		d := &net.Dialer{Timeout: 10 * time.Second}
+		conn, err := tls.DialWithDialer(d, "tcp", net.JoinHostPort(ip, "6443"), &tls.Config{InsecureSkipVerify: true}) // #nosec: read the certificate, not trust it
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer conn.Close()
+		certs := conn.ConnectionState().PeerCertificates
+		if len(certs) == 0 {
+			ch <- result{err: fmt.Errorf("no certificate served")}
+			return
+		}
+		ch <- result{cert: certs[0]}
+	}()
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("the apiserver's certificate at %s: %v", ip, r.err)
+	}
+	return r.cert
+}
+
+// renewOnRunningControlPlane is issue 26 item 1 on a real node: the
+// cluster was initialised with certificateValidityPeriod certValidity, so
+// certificates.renewBefore 720h holds on the next boot of the converged
+// control plane; the pass renews, the apiserver serves a new certificate
+// valid for certValidity again, and nothing else changes (version,
+// manifests, pin, phase). The key is removed again afterwards, and the boot
+// without it renews nothing.
+func renewOnRunningControlPlane(t testing.TB, c *harness.Cluster, n *harness.Node, ip, pin string, boot func(string) int, stop func()) {
+	t.Helper()
+	before := servedCert(t, c, ip)
+	mBefore := manifests(t, n)
+	stop()
+	setProviderKey(t, n, "certificates.renewBefore", "720h")
+	if code := boot("converged, certificates.renewBefore 720h: renew"); code != 0 {
+		t.Fatalf("renewal boot: exit %d\n%s", code, lastPass(reconcileLog(t, n)))
+	}
+	pass := lastPass(reconcileLog(t, n))
+	if !strings.Contains(pass, "msg=cert-renew outcome=ok") {
+		t.Fatalf("the renewal boot logged no successful cert-renew:\n%s", pass)
+	}
+	for _, m := range mutating {
+		if strings.Contains(pass, m+" ") {
+			t.Fatalf("the renewal boot ran %s:\n%s", m, pass)
+		}
+	}
+	st := nodeStatus(t, n)
+	if st.Phase != status.PhaseConverged || st.NodeVersion != pin {
+		t.Fatalf("after the renewal: status %s at %s, want Converged at %s", st.Phase, st.NodeVersion, pin)
+	}
+	if v := serverVersion(t, n); v != pin {
+		t.Fatalf("apiserver %s after the renewal, want %s", v, pin)
+	}
+	after := manifests(t, n)
+	for k, b := range mBefore {
+		if string(b) != string(after[k]) {
+			t.Fatalf("the renewal changed the %s manifest", k)
+		}
+	}
+	// The apiserver restarted with the renewed certificate: a new one,
+	// issued by this boot, lasting the cluster's period again.
+	var served *x509.Certificate
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		served = servedCert(t, c, ip)
+		if served.SerialNumber.Cmp(before.SerialNumber) != 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
+	if served.SerialNumber.Cmp(before.SerialNumber) == 0 {
+		t.Fatalf("the apiserver still serves the certificate of before the renewal (serial %s, notAfter %s)", before.SerialNumber, before.NotAfter)
+	}
+	if !served.NotAfter.After(before.NotAfter) {
+		t.Fatalf("the served certificate's notAfter %s is not later than before the renewal (%s)", served.NotAfter, before.NotAfter)
+	}
+	if left := time.Until(served.NotAfter); left < certValidity-time.Hour || left > certValidity+time.Hour {
+		t.Fatalf("the renewed certificate lasts %s more, want the cluster's certificateValidityPeriod %s", left.Round(time.Minute), certValidity)
+	}
+	progress(t, "cp1: certificates renewed at boot; the apiserver serves serial %s until %s (before: until %s)",
+		served.SerialNumber, served.NotAfter.UTC().Format(time.RFC3339), before.NotAfter.UTC().Format(time.RFC3339))
+
+	// Off again: the next boot renews nothing.
+	stop()
+	setProviderKey(t, n, "certificates.renewBefore", "")
+	if code := boot("converged, renewal off"); code != 0 {
+		t.Fatalf("boot without renewal: exit %d\n%s", code, lastPass(reconcileLog(t, n)))
+	}
+	if pass := lastPass(reconcileLog(t, n)); strings.Contains(pass, "msg=cert-renew") {
+		t.Fatalf("a boot without certificates.renewBefore renewed:\n%s", pass)
+	}
+	if again := servedCert(t, c, ip); again.SerialNumber.Cmp(served.SerialNumber) != 0 {
+		t.Fatalf("a boot without certificates.renewBefore changed the served certificate")
+	}
+}
+
+// certValidity is the single control plane's certificateValidityPeriod:
+// short, so that a 720h renewBefore holds on the first boot that asks.
+const certValidity = 240 * time.Hour
