@@ -528,6 +528,9 @@ type NodeInfo struct {
 	Ready          bool
 	ReadyReason    string
 	ReadyMessage   string
+	// ReadyHeartbeat is when a kubelet last posted the Ready condition
+	// (whole seconds, as the API keeps it; zero when absent).
+	ReadyHeartbeat time.Time
 }
 
 // NoCNI reports whether a NotReady node is waiting only for a network
@@ -652,13 +655,8 @@ type node struct {
 		NodeInfo struct {
 			KubeletVersion string `json:"kubeletVersion"`
 		} `json:"nodeInfo"`
-		Conditions []struct {
-			Type    string `json:"type"`
-			Status  string `json:"status"`
-			Reason  string `json:"reason"`
-			Message string `json:"message"`
-		} `json:"conditions"`
-		Addresses []struct {
+		Conditions []nodeCondition `json:"conditions"`
+		Addresses  []struct {
 			Type    string `json:"type"`
 			Address string `json:"address"`
 		} `json:"addresses"`
@@ -938,5 +936,10 @@ func (c *Client) Node(ctx context.Context, name string) (NodeInfo, error) {
 	}
 	ni := NodeInfo{UID: n.Metadata.UID, KubeletVersion: v}
 	ni.Ready, ni.ReadyReason, ni.ReadyMessage = n.ready()
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == "Ready" {
+			ni.ReadyHeartbeat = cond.LastHeartbeatTime.Time
+		}
+	}
 	return ni, nil
 }

@@ -147,12 +147,7 @@ func TestANodesOwnCredentialsAgainstTheRealAPIServer(t *testing.T) {
 func TestRecordBoundsNotReady(t *testing.T) {
 	var n node
 	n.Metadata.Name = "cp3"
-	n.Status.Conditions = append(n.Status.Conditions, struct {
-		Type    string `json:"type"`
-		Status  string `json:"status"`
-		Reason  string `json:"reason"`
-		Message string `json:"message"`
-	}{Type: "Ready", Status: "False", Reason: "KubeletNotReady",
+	n.Status.Conditions = append(n.Status.Conditions, nodeCondition{Type: "Ready", Status: "False", Reason: "KubeletNotReady",
 		Message: "line one\nline two token=abcdef.0123456789abcdef " + strings.Repeat("x", 100<<10)})
 	r := record(n)
 	if r.Ready || len(r.NotReady) > MaxNotReady || strings.Contains(r.NotReady, "\n") || strings.Contains(r.NotReady, "0123456789abcdef") ||

@@ -153,6 +153,13 @@ func (p *pass) verify(ctx context.Context, obs Observation, pl plan.Plan) error 
 		if !ni.Ready && !ni.NoCNI() {
 			return false, fmt.Errorf("node %s NotReady: %s %s", name, ni.ReadyReason, ni.ReadyMessage)
 		}
+		// A Ready posted before this pass restarted the kubelet is the
+		// previous kubelet's: the new one starts NotReady ("PLEG is not
+		// healthy") until its first relist, and posts at its start.
+		if since := p.kubeletRestarted.Truncate(time.Second); !since.IsZero() && ni.ReadyHeartbeat.Before(since) {
+			return false, fmt.Errorf("node %s: the Ready condition was last posted %s, before the kubelet's restart at %s: waiting for the restarted kubelet's own",
+				name, ni.ReadyHeartbeat.UTC().Format(time.RFC3339), since.UTC().Format(time.RFC3339))
+		}
 		noCNI = ni.NoCNI()
 		return true, nil
 	})

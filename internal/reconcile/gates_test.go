@@ -221,3 +221,51 @@ func TestFollowerGateNamesABrokenEtcdManifest(t *testing.T) {
 		t.Fatalf("ran %q", e.lines())
 	}
 }
+
+// The previous kubelet's Ready is not this restart's: with the Node left as
+// the old kubelet posted it (Ready, at the target version) and the clock
+// past it, verify waits for a post from after the restart and fails at its
+// budget naming why; once the restarted kubelet posts, it passes.
+func TestVerifyTrustsOnlyAReadyPostedAfterTheKubeletRestart(t *testing.T) {
+	for _, posts := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restarted kubelet posts %v", posts), func(t *testing.T) {
+			e := newEnv(t, "worker", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+			// The old kubelet's last post, already at the target version
+			// (a worker whose upgrade node ran in an earlier, cut pass).
+			e.api.SetNode("n1", "v1.37.2", true)
+			restartAt := time.Time{}
+			inner := e.rec.Reply
+			e.rec.Reply = func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+				switch c.String() {
+				case "/usr/bin/kubeadm upgrade node":
+					e.clock.After(3 * time.Second) // kubeadm's run: the restart is later than that post
+				case "/usr/bin/systemctl restart kubelet":
+					restartAt = e.clock.Now()
+					return runner.Result{}, nil
+				}
+				return inner(ctx, c)
+			}
+			if posts {
+				e.api.OnRequest = func(int) {
+					if !restartAt.IsZero() && e.clock.Now().Sub(restartAt) > 10*time.Second {
+						e.api.SetNode("n1", "v1.37.2", true)
+						e.api.OnRequest = nil
+					}
+				}
+			}
+			res := e.run(Steps{})
+			if posts {
+				if res.ExitCode != ExitOK {
+					t.Fatalf("exit %d %+v", res.ExitCode, res.Status)
+				}
+				if waited := e.clock.Now().Sub(restartAt); waited < 10*time.Second {
+					t.Fatalf("verify passed %s after the restart, before the restarted kubelet posted", waited)
+				}
+				return
+			}
+			if res.ExitCode != ExitFailed || res.Status.Reason != ReasonHealthGateTimeout || !strings.Contains(res.Status.Message, "before the kubelet's restart") {
+				t.Fatalf("exit %d %+v", res.ExitCode, res.Status)
+			}
+		})
+	}
+}

@@ -137,6 +137,10 @@ type pass struct {
 	notes []string
 	// repaired is set once the kubelet repair step ran in this pass.
 	repaired bool
+	// kubeletRestarted is when this pass last restarted the kubelet (its
+	// restart or repair step began; zero when it did not): verify trusts
+	// only a Ready condition posted since.
+	kubeletRestarted time.Time
 	// events are what this pass tells on its Node (see status.Event).
 	events []status.Event
 	// last is the status mirror as this pass found it (the last known
@@ -523,6 +527,7 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 
 func (p *pass) repairKubelet(ctx context.Context, obs Observation) error {
 	p.repaired = true
+	p.kubeletRestarted = p.Clock.Now()
 	warnings, err := p.Steps.RepairKubelet(ctx, obs)
 	p.notes = append(p.notes, warnings...)
 	return err
@@ -654,6 +659,7 @@ func (p *pass) keepOutput(cmd runner.Cmd, res runner.Result, err error) {
 func (p *pass) restartKubelet(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.Budgets.KubeletRestart)
 	defer cancel()
+	p.kubeletRestarted = p.Clock.Now()
 	for _, args := range [][]string{{"daemon-reload"}, {"restart", "kubelet"}} {
 		if _, err := p.Runner.Run(ctx, runner.Cmd{Path: paths.Systemctl, Args: args}); err != nil {
 			return err

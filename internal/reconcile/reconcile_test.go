@@ -45,6 +45,7 @@ type env struct {
 func newEnv(t *testing.T, role, pin, bundled, nodeV, clusterV string, extraConfig string) *env {
 	e := &env{t: t, node: testutil.NewNode(t, "n1"), clock: testutil.NewClock(), logBuf: &testutil.SyncBuffer{}, bundled: bundled}
 	e.api = testutil.NewAPI(t, clusterV)
+	e.api.Clock = e.clock
 	e.node.ClusterFile(role, pin, extraConfig)
 	if bundled != "" {
 		e.node.Bundle(bundled)

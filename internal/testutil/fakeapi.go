@@ -38,7 +38,11 @@ import (
 // answers 409 AlreadyExists, PUT replaces, GET reads), and answers /readyz
 // and the public kube-public/cluster-info.
 type API struct {
-	mu             sync.Mutex
+	mu sync.Mutex
+	// Clock, when set, stamps what the fake's kubelets post (a Node's Ready
+	// heartbeat): the pass's clock, so that posts and the pass agree on
+	// what came first. Unset: the real time.
+	Clock          interface{ Now() time.Time }
 	clusterVersion string
 	clusterConfig  string // the whole ClusterConfiguration, when set
 	nodes          map[string]*corev1.Node
@@ -214,6 +218,13 @@ func (a *API) ClusterVersion() string {
 	return a.clusterVersion
 }
 
+func (a *API) now() time.Time {
+	if a.Clock != nil {
+		return a.Clock.Now()
+	}
+	return time.Now()
+}
+
 // NodeUID is the uid the fake API gives the Node of that name.
 func NodeUID(name string) types.UID { return types.UID("uid-node-" + name) }
 
@@ -240,7 +251,7 @@ func (a *API) SetNodeCondition(name, kubeletVersion string, ready bool, message 
 		ObjectMeta: metav1.ObjectMeta{Name: name, UID: NodeUID(name)},
 		Status: corev1.NodeStatus{
 			NodeInfo:   corev1.NodeSystemInfo{KubeletVersion: kubeletVersion},
-			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: st, Message: message}},
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: st, Message: message, LastHeartbeatTime: metav1.NewTime(a.now())}},
 		},
 	}
 }
