@@ -196,6 +196,18 @@ func TestWrite(t *testing.T) {
 	if err := Write(paths.Root(root), "/loose", d); err == nil || fileExists(filepath.Join(loose, File)) {
 		t.Fatalf("wrote into a world-writable directory: %v", err)
 	}
+	// reference.md: "a directory that is not root's own or that group or
+	// others may write is not written".
+	group := filepath.Join(root, "group")
+	if err := os.Mkdir(group, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(group, 0o775); err != nil {
+		t.Fatal(err)
+	}
+	if err := Write(paths.Root(root), "/group", d); err == nil || fileExists(filepath.Join(group, File)) {
+		t.Fatalf("wrote into a group-writable directory: %v", err)
+	}
 	if os.Geteuid() == 0 {
 		foreign := filepath.Join(root, "foreign")
 		if err := os.Mkdir(foreign, 0o755); err != nil {

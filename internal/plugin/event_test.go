@@ -17,6 +17,10 @@ import (
 
 // A go-pluggable agent.boot event whose JSON is exactly n bytes: the data
 // is a string padded with spaces, which the JSON decoder accepts.
+// documentedEvent is the bound what-it-refuses.md states: "It refuses an
+// event over 8 MiB", and a data file over it.
+const documentedEvent = 8 << 20
+
 func eventOfSize(t *testing.T, n int) []byte {
 	t.Helper()
 	b, _ := json.Marshal(pluggable.Event{Name: EventBoot, Data: ""})
@@ -30,14 +34,14 @@ func eventOfSize(t *testing.T, n int) []byte {
 // (the bound what-it-refuses.md states), naming the bound, and
 // nothing is written under the root; exactly 8 MiB is read.
 func TestEventOverEightMiBIsRefused(t *testing.T) {
-	if _, err := readEvent(bytes.NewReader(eventOfSize(t, MaxEventSize))); err != nil {
-		t.Fatalf("an event of exactly %d bytes: %v", MaxEventSize, err)
+	if _, err := readEvent(bytes.NewReader(eventOfSize(t, documentedEvent))); err != nil {
+		t.Fatalf("an event of exactly %d bytes: %v", documentedEvent, err)
 	}
 	root := t.TempDir()
 	var out bytes.Buffer
-	err := Serve(context.Background(), Options{Root: paths.Root(root)}, string(EventBoot), bytes.NewReader(eventOfSize(t, MaxEventSize+1)), &out)
-	if err == nil || !strings.Contains(err.Error(), "over "+strconv.Itoa(MaxEventSize)+" bytes") {
-		t.Fatalf("an event of %d bytes: %v, want it refused as over the bound", MaxEventSize+1, err)
+	err := Serve(context.Background(), Options{Root: paths.Root(root)}, string(EventBoot), bytes.NewReader(eventOfSize(t, documentedEvent+1)), &out)
+	if err == nil || !strings.Contains(err.Error(), "over "+strconv.Itoa(documentedEvent)+" bytes") {
+		t.Fatalf("an event of %d bytes: %v, want it refused as over the bound", documentedEvent+1, err)
 	}
 	var resp pluggable.EventResponse
 	if jerr := json.Unmarshal(out.Bytes(), &resp); jerr != nil || resp.Error != err.Error() {
@@ -65,16 +69,16 @@ func TestEventDataFileOverEightMiBIsRefused(t *testing.T) {
 		return b
 	}
 
-	at := write("at-bound", MaxEventSize)
+	at := write("at-bound", documentedEvent)
 	ev, err := readEvent(bytes.NewReader(event(at)))
-	if err != nil || len(ev.Data) != MaxEventSize || ev.File != "" {
-		t.Fatalf("a data file of exactly %d bytes: %d bytes read, file %q, %v", MaxEventSize, len(ev.Data), ev.File, err)
+	if err != nil || len(ev.Data) != documentedEvent || ev.File != "" {
+		t.Fatalf("a data file of exactly %d bytes: %d bytes read, file %q, %v", documentedEvent, len(ev.Data), ev.File, err)
 	}
 
-	over := write("over-bound", MaxEventSize+1)
+	over := write("over-bound", documentedEvent+1)
 	ev, err = readEvent(bytes.NewReader(event(over)))
 	if err == nil || !strings.Contains(err.Error(), "read the event's data file") || !strings.Contains(err.Error(), over) {
-		t.Fatalf("a data file of %d bytes: %d bytes read, %v; want it refused, naming the file", MaxEventSize+1, len(ev.Data), err)
+		t.Fatalf("a data file of %d bytes: %d bytes read, %v; want it refused, naming the file", documentedEvent+1, len(ev.Data), err)
 	}
 }
 

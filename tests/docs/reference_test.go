@@ -22,6 +22,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/publish"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
+	"github.com/kairos-io/provider-kubernetes/internal/restore"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
@@ -212,7 +213,8 @@ func TestReferenceBudgets(t *testing.T) {
 		}
 	}
 	text := oneLine(sec)
-	for _, want := range []string{"never raised above " + short(reconcile.MaxEtcdSnapshot), "the " + strings.TrimSuffix(short(reconcile.PassBound), "m") + "-minute pass bound"} {
+	for _, want := range []string{"never raised above " + short(reconcile.MaxEtcdSnapshot), "the " + strings.TrimSuffix(short(reconcile.PassBound), "m") + "-minute pass bound",
+		"`restore-etcd` " + short(restore.Bound) + " in all"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("docs/reference.md does not say %q", want)
 		}
