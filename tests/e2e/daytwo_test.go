@@ -254,6 +254,7 @@ func renewOnRunningControlPlane(t testing.TB, c *harness.Cluster, n *harness.Nod
 	}
 	progress(t, "cp1: certificates renewed at boot; the apiserver serves serial %s until %s (before: until %s)",
 		served.SerialNumber, served.NotAfter.UTC().Format(time.RFC3339), before.NotAfter.UTC().Format(time.RFC3339))
+	metricsAfterRenewal(t, n, served.NotAfter)
 
 	// Off again: the next boot renews nothing.
 	stop()
@@ -272,3 +273,33 @@ func renewOnRunningControlPlane(t testing.TB, c *harness.Cluster, n *harness.Nod
 // certValidity is the single control plane's certificateValidityPeriod:
 // short, so that a 720h renewBefore holds on the first boot that asks.
 const certValidity = 240 * time.Hour
+
+// metricsAfterRenewal reads the node_exporter textfile the pass wrote on
+// the real node (issue 26 item 4, reference.md's Metrics): converged, at
+// its pin, and the soonest leaf certificate expiring with the renewed ones
+// (kubeadm renews them all within seconds of each other; the apiserver's
+// notAfter is servedNotAfter).
+func metricsAfterRenewal(t testing.TB, n *harness.Node, servedNotAfter time.Time) {
+	t.Helper()
+	b, err := n.ReadFile("/var/lib/node_exporter/textfile_collector/provider_kubernetes.prom")
+	if err != nil {
+		t.Fatalf("the metrics textfile: %v", err)
+	}
+	text := string(b)
+	for _, want := range []string{`provider_kubernetes_phase{phase="Converged"} 1`, `provider_kubernetes_outcome{outcome="converged"} 1`, "provider_kubernetes_at_pin 1"} {
+		if !strings.Contains(text, want+"\n") {
+			t.Fatalf("the metrics textfile lacks %q:\n%s", want, text)
+		}
+	}
+	var leaf float64
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, "provider_kubernetes_certificate_expiry_timestamp_seconds{") && strings.Contains(l, `ca="false"`) {
+			if _, err := fmt.Sscanf(l[strings.LastIndexByte(l, ' ')+1:], "%g", &leaf); err != nil {
+				t.Fatalf("metrics line %q: %v", l, err)
+			}
+		}
+	}
+	if d := time.Unix(int64(leaf), 0).Sub(servedNotAfter); d < -5*time.Minute || d > 5*time.Minute {
+		t.Fatalf("the textfile's soonest leaf expires %s, the served certificate %s:\n%s", time.Unix(int64(leaf), 0).UTC(), servedNotAfter.UTC(), text)
+	}
+}
