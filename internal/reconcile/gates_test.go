@@ -7,6 +7,7 @@ import (
 	"os"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -246,10 +247,10 @@ func TestVerifyTrustsOnlyAReadyPostedAfterTheKubeletRestart(t *testing.T) {
 				return inner(ctx, c)
 			}
 			if posts {
+				var once sync.Once
 				e.api.OnRequest = func(int) {
 					if !restartAt.IsZero() && e.clock.Now().Sub(restartAt) > 10*time.Second {
-						e.api.SetNode("n1", "v1.37.2", true)
-						e.api.OnRequest = nil
+						once.Do(func() { e.api.SetNode("n1", "v1.37.2", true) })
 					}
 				}
 			}
