@@ -514,10 +514,15 @@ func (n *Node) Stop(ctx context.Context) error {
 	return n.stop(ctx)
 }
 
-func (n *Node) stop(ctx context.Context) error {
+// current is the running nspawn and its exit signal (nil when stopped).
+func (n *Node) current() (*exec.Cmd, chan struct{}) {
 	n.mu.Lock()
-	proc, done := n.proc, n.done
-	n.mu.Unlock()
+	defer n.mu.Unlock()
+	return n.proc, n.done
+}
+
+func (n *Node) stop(ctx context.Context) error {
+	proc, done := n.current()
 	if proc == nil {
 		return nil
 	}
@@ -548,9 +553,7 @@ func (n *Node) stop(ctx context.Context) error {
 func (n *Node) WaitExit(ctx context.Context, budget time.Duration) error {
 	n.op.Lock()
 	defer n.op.Unlock()
-	n.mu.Lock()
-	proc, done := n.proc, n.done
-	n.mu.Unlock()
+	proc, done := n.current()
 	if proc == nil {
 		return nil
 	}
