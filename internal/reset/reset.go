@@ -105,21 +105,32 @@ func Run(ctx context.Context, o Options) Result {
 		return Result{Status: doc, ExitCode: reconcile.ExitOK}
 	}
 
-	unlock, err := reconcile.Lock(o.Root)
-	if err != nil {
-		// A refused reset changes nothing: no command, nothing removed, no
-		// status written (the pass holding the lock owns the status). The
-		// refusal is returned (printed, or the plugin's response) and logged.
-		reason := ReasonLocked
-		if !errors.Is(err, reconcile.ErrLocked) {
-			reason = ReasonUnsafePath // the lock file itself is not one to trust
-		}
+	// A refused reset changes nothing: no command, nothing removed, no
+	// status written (a pass holding the lock owns the status). The refusal
+	// is returned (printed, or the plugin's response) and logged.
+	refuse := func(reason string, err error) Result {
 		doc.Reason, doc.Message = reason, oneLine(err.Error(), 2000)
 		doc.Time = o.Now().UTC().Format(time.RFC3339)
 		o.Log.Error(EventReset, "outcome", "refused", "reason", reason, "error", doc.Message)
 		return Result{Status: doc, ExitCode: reconcile.ExitRefused, Err: err}
 	}
+	unlock, err := reconcile.Lock(o.Root)
+	if err != nil {
+		if !errors.Is(err, reconcile.ErrLocked) {
+			return refuse(ReasonUnsafePath, err) // the lock file itself is not one to trust
+		}
+		return refuse(ReasonLocked, err)
+	}
 	defer unlock()
+
+	// kubeadm reset -f empties these directories by path and follows a
+	// symlink in their place (or a parent's) into wherever it points: a
+	// symlinked one is refused before kubeadm runs, not found afterwards.
+	// (Someone who can swap a directory for a link between this check and
+	// kubeadm's removal can also write there directly.)
+	if err := noSymlinkedDir(o.Root); err != nil {
+		return refuse(ReasonUnsafePath, fmt.Errorf("%w: kubeadm reset -f would follow it, so nothing was run or removed", err))
+	}
 
 	if _, err := os.Lstat(o.Root.Path(paths.EtcdManifest)); err == nil {
 		doc.Warnings = append(doc.Warnings, EtcdMemberWarning)
@@ -149,6 +160,27 @@ func Run(ctx context.Context, o Options) Result {
 		errs[i] = f.err
 	}
 	return finish(reason, errors.Join(errs...))
+}
+
+// noSymlinkedDir returns ErrSymlink (wrapped, with the path) when one of
+// the directories kubeadm reset empties, or a parent, is a symlink; a
+// missing one is no obstacle.
+func noSymlinkedDir(root paths.Root) error {
+	r := string(root)
+	if r == "" {
+		r = "/"
+	}
+	for _, d := range Emptied {
+		fd, err := openDir(r, d)
+		if err == nil {
+			unix.Close(fd)
+			continue
+		}
+		if errors.Is(err, ErrSymlink) {
+			return err
+		}
+	}
+	return nil
 }
 
 type failure struct {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -246,38 +247,59 @@ func filterRoot(inv []string) []string {
 	return out
 }
 
-// A symlink in place of one of the directories is refused, not followed;
-// the others are still emptied.
+// A symlink in place of one of the directories, or of a parent, is refused
+// before kubeadm runs (kubeadm reset -f would empty the directory it points
+// to): exit 3, UnsafePath, no command, nothing removed, no status written.
 func TestResetRefusesASymlinkedDirectory(t *testing.T) {
+	check := func(name string, s *sandbox, named string) {
+		t.Helper()
+		before := inventory(t, s.base)
+		res, rec, log := runReset(t, s.root)
+		if res.ExitCode != reconcile.ExitRefused || res.Status.Reason != ReasonUnsafePath || !errors.Is(res.Err, ErrSymlink) ||
+			!strings.Contains(res.Status.Message, named+": is a symlink: not followed") || !strings.Contains(log, "outcome=refused") {
+			t.Fatalf("%s: %+v\n%s", name, res, log)
+		}
+		if len(rec.Lines()) != 0 {
+			t.Fatalf("%s: ran %q", name, rec.Lines())
+		}
+		after := inventory(t, s.base)
+		if added, removed := diff(before, after); len(removed) != 0 || len(added) > 1 || (len(added) == 1 && !strings.HasSuffix(added[0], strings.TrimPrefix(paths.LockFile, "/"))) {
+			t.Fatalf("%s: a refused reset changed files: added %v removed %v", name, added, removed)
+		}
+		assertSurvivors(t, s)
+	}
 	s := newSandbox(t, t.TempDir(), nil)
+	s.write(s.path(paths.KubernetesDir+"/admin.conf"), "kubeconfig\n")
 	etcd := s.path(paths.EtcdDir)
 	if err := os.RemoveAll(etcd); err != nil {
 		t.Fatal(err)
 	}
 	s.symlink(filepath.Join(s.base, "victim"), etcd)
-	res, _, _ := runReset(t, s.root)
-	if res.ExitCode != 1 || res.Status.Phase != status.PhaseResetFailed || res.Status.Reason != ReasonUnsafePath ||
-		!strings.Contains(res.Status.Message, "/var/lib/etcd: is a symlink: not followed") {
-		t.Fatalf("%+v", res.Status)
-	}
-	assertSurvivors(t, s)
-	inv := inventory(t, s.base)
-	if left := below(inv, "root/etc/kubernetes/"); len(left) != 0 {
-		t.Fatalf("left: %v", left)
-	}
+	check("symlinked /var/lib/etcd", s, "/var/lib/etcd")
+
 	// A symlinked parent (/var) is refused the same way.
 	s2 := newSandbox(t, t.TempDir(), nil)
 	if err := os.Rename(s2.path("/var"), s2.path("/var.real")); err != nil {
 		t.Fatal(err)
 	}
 	s2.symlink("var.real", s2.path("/var"))
-	res, _, _ = runReset(t, s2.root)
-	if res.Status.Reason != ReasonUnsafePath || !strings.Contains(res.Status.Message, "/var: is a symlink") {
-		t.Fatalf("%+v", res.Status)
+	check("symlinked /var", s2, "/var")
+}
+
+// diff lists what is only in b (added) and only in a (removed).
+func diff(a, b []string) (added, removed []string) {
+	in := func(xs []string, x string) bool { return slices.Contains(xs, x) }
+	for _, x := range b {
+		if !in(a, x) {
+			added = append(added, x)
+		}
 	}
-	if left := below(inventory(t, s2.path("/var.real/lib/kubelet")), ""); len(left) == 0 {
-		t.Fatal("followed a symlinked /var")
+	for _, x := range a {
+		if !in(b, x) {
+			removed = append(removed, x)
+		}
 	}
+	return added, removed
 }
 
 // A failed kubeadm reset is reported; the directories are emptied anyway.
