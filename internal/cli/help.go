@@ -145,7 +145,7 @@ var helps = map[string]commandHelp{
 		summary:  "Take this node out of Kubernetes: kubeadm reset -f, then empty its Kubernetes directories (never through a symlink). The provider's etcd snapshots are kept.",
 		example:  "reset --yes",
 		exits: []exitCode{{reconcile.ExitOK, "reset"}, {reconcile.ExitFailed, "failed"},
-			{reconcile.ExitRefused, "refused: a pass holds the node's lock, or the lock file is not one to trust (nothing changed)"}},
+			{reconcile.ExitRefused, "refused: a pass holds the node's lock, the lock file is not one to trust, or a directory it empties (or a parent) is a symlink (nothing changed)"}},
 		usage: "without --yes (nothing changed)",
 	},
 	"etcd-snapshot": {
