@@ -2,6 +2,7 @@ package docs_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -57,17 +58,39 @@ func TestDrainPage(t *testing.T) {
 			t.Fatalf("after the drain: cordoned %v, pods %v", cordoned, pods)
 		}
 
-		// After the reboot: the node's pass converged and its publish put
-		// the condition on its Node; kubectl waits on it; uncordon.
-		d := status.Document{Phase: status.PhaseConverged, Role: "worker", Member: true, Pin: "v1.37.2", Bundled: "v1.37.2", NodeVersion: "v1.37.2",
-			ClusterVersion: "v1.37.2", Message: "converged at v1.37.2", Time: time.Now().UTC().Format(time.RFC3339), BootID: "b-1"}
-		if err := status.Write(w.R(), d); err != nil {
-			t.Fatal(err)
+		// After the reboot: the Node still carries the previous boot's
+		// publish (converged, verified at v1.36.3, condition True), which
+		// the page's wait must not take for the upgrade; it returns once
+		// the new boot's pass, converged at v1.37.2, is published.
+		publish := func(v, boot string) {
+			t.Helper()
+			d := status.Document{Phase: status.PhaseConverged, Role: "worker", Member: true, Pin: v, Bundled: v, NodeVersion: v, VerifiedVersion: v,
+				ClusterVersion: v, Message: "converged at " + v, Time: time.Now().UTC().Format(time.RFC3339), BootID: boot}
+			if err := status.Write(w.R(), d); err != nil {
+				t.Fatal(err)
+			}
+			if out, code := w.provider("publish", "--budget", "1m"); code != 0 || !strings.Contains(out, "condition=True/Converged") {
+				t.Fatalf("publish: exit %d\n%s", code, out)
+			}
 		}
-		if out, code := w.provider("publish", "--budget", "1m"); code != 0 || !strings.Contains(out, "condition=True/Converged") {
-			t.Fatalf("publish: exit %d\n%s", code, out)
+		publish("v1.36.3", "b-0")
+		waited := make(chan string, 1)
+		go func() {
+			out, code := w.doc(p, "kubectl --kubeconfig /etc/kubernetes/admin.conf wait")
+			waited <- fmt.Sprintf("exit %d\n%s", code, out)
+		}()
+		select {
+		case out := <-waited:
+			t.Fatalf("the page's wait returned on the previous boot's publish: %s", out)
+		case <-time.After(5 * time.Second):
 		}
-		w.docOK(p, "kubectl --kubeconfig /etc/kubernetes/admin.conf wait", "node/w1 condition met")
+		publish("v1.37.2", "b-1")
+		select {
+		case out := <-waited:
+			has(t, "docs/drain.md: kubectl wait", out, "exit 0", "node/w1 condition met")
+		case <-time.After(time.Minute):
+			t.Fatal("the page's wait did not return after the upgrade's publish")
+		}
 		w.docOK(p, "kubectl --kubeconfig /etc/kubernetes/admin.conf uncordon", "node/w1 uncordoned")
 		if _, cordoned := api.PodsOn(t, "w1"); cordoned {
 			t.Fatal("uncordon left the node cordoned")
