@@ -475,3 +475,14 @@ func TestPluginBootNeverEchoesAPastedPassphrase(t *testing.T) {
 		})
 	}
 }
+
+// agent.boot accepts a section with a key nobody reads and says so in its
+// log (the warning validate prints), naming no key.
+func TestPluginBootWarnsAboutAnIgnoredKey(t *testing.T) {
+	root := t.TempDir()
+	r := execPlugin(t, root, "/system/providers/"+plugin.BinaryName, "agent.boot", bootEvent(cloudConfig(goodCluster+"  provider_config:\n    budget.verify: 6m\n")))
+	if r.resp.Error != "" || !strings.Contains(r.resp.Logs+r.stdout+r.stderr, "provider-kubernetes: warning: cluster: the key at line ") ||
+		!strings.Contains(r.resp.Logs+r.stdout+r.stderr, "did you mean providerConfig?") || strings.Contains(r.resp.Logs+r.stdout+r.stderr, "provider_config") {
+		t.Fatalf("%+v", r)
+	}
+}

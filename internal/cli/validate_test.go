@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -264,5 +265,35 @@ func TestValidateUsageAndReads(t *testing.T) {
 	}
 	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 4 {
 		t.Fatalf("validate wrote beside the files: %v %v", ents, err)
+	}
+}
+
+// A key of the cluster section that neither Kairos's schema nor the
+// provider reads (a misspelt providerConfig) is ignored by both, so validate
+// and agent.boot warn about it: by its line, the known key it looks like,
+// never the key itself.
+func TestUnknownClusterKeysAreWarnedAbout(t *testing.T) {
+	in := pinnedConfig("init", "  providerconfig:\n    budget.verify: 6m\n  \"x\\e]0;owned\\ay\": 1\n")
+	lines := strings.Split(in, "\n")
+	line := func(prefix string) int {
+		for i, l := range lines {
+			if strings.HasPrefix(l, prefix) {
+				return i + 1
+			}
+		}
+		t.Fatalf("no line %q", prefix)
+		return 0
+	}
+	code, out, errOut := runStdin(in, "validate", "-")
+	want1 := fmt.Sprintf("warning: cluster: the key at line %d is not one Kairos's cluster schema or provider-kubernetes reads", line("  providerconfig:"))
+	want2 := fmt.Sprintf("warning: cluster: the key at line %d is not one", line("  \"x"))
+	if code != reconcile.ExitOK || out != "(stdin): valid: role init, pin v1.37.2, providerConfig: none\n" ||
+		!strings.Contains(errOut, want1) || !strings.Contains(errOut, "; did you mean providerConfig?\n") || !strings.Contains(errOut, want2) ||
+		strings.Contains(errOut, "providerconfig") || strings.Contains(errOut, "owned") || strings.Count(errOut, "did you mean") != 1 {
+		t.Fatalf("exit %d %q\n%s", code, out, errOut)
+	}
+	// The keys it reads, and those it refuses by name, are not warned about.
+	if _, _, errOut := runStdin(pinnedConfig("init", "  providerConfig:\n    budget.verify: 6m\n"), "validate", "-"); errOut != "" {
+		t.Fatalf("warned about known keys: %s", errOut)
 	}
 }

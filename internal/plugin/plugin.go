@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 
 	sdkbus "github.com/kairos-io/kairos-sdk/bus"
@@ -218,13 +219,13 @@ func Problems(c *clusterconfig.Cluster) (warnings []string, problems []error) {
 		_, err = bootstrap.RenderJoin(c)
 		if errors.Is(err, bootstrap.ErrNoCAPin) {
 			// A member needs no join material: warn, the join step refuses if it must join.
-			return []string{"no CA pin (joinConfiguration.discovery.bootstrapToken.caCertHashes or cluster.ca_certs): a node that is not yet a member will refuse to join"}, nil
+			return append(slices.Clone(c.Ignored), "no CA pin (joinConfiguration.discovery.bootstrapToken.caCertHashes or cluster.ca_certs): a node that is not yet a member will refuse to join"), nil
 		}
 	}
 	if err != nil {
 		return nil, []error{err}
 	}
-	return nil, nil
+	return slices.Clone(c.Ignored), nil
 }
 
 func (o *Options) onReset(ctx context.Context, _ *pluggable.Event) pluggable.EventResponse {

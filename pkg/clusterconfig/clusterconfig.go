@@ -58,6 +58,10 @@ type Cluster struct {
 	Config           string            `json:"config,omitempty"`
 	ProviderConfig   map[string]string `json:"providerConfig,omitempty"`
 	CACerts          []string          `json:"ca_certs,omitempty"`
+	// Ignored are warnings for keys the section has that neither Kairos's
+	// cluster schema nor the provider knows (a misspelt providerConfig is
+	// otherwise silently ignored): each by its line, never quoted.
+	Ignored []string `json:"-"`
 }
 
 // Kubeadm is the parsed "config" string. Each document is kept as the
@@ -186,8 +190,13 @@ func fromNode(n *yaml3.Node) (*Cluster, []error) {
 		return nil, []error{fmt.Errorf("%w: the cluster section is not a map of keys", ErrInvalid)}
 	}
 	var problems []error
+	var ignored []string
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i].Value, n.Content[i+1]
+		_, known := keyKinds[k]
+		if _, refused := unsupported[k]; !known && !refused {
+			ignored = append(ignored, unknownKey(k, n.Content[i].Line))
+		}
 		if why, ok := unsupported[k]; ok && !isNull(v) {
 			problems = append(problems, fmt.Errorf("%w: %s is a key of Kairos's cluster schema that provider-kubernetes does not use (%s): remove it", ErrInvalid, k, why))
 		}
@@ -211,7 +220,31 @@ func fromNode(n *yaml3.Node) (*Cluster, []error) {
 		Config:           s.Options,
 		ProviderConfig:   s.ProviderOptions,
 		CACerts:          s.CACerts,
+		Ignored:          ignored,
 	}, nil
+}
+
+// unknownKey is the warning for a key of the cluster section nobody reads,
+// at line: it names the known key it looks like (case, '-' and '_', a
+// trailing s aside), never the key itself.
+func unknownKey(k string, line int) string {
+	norm := func(s string) string {
+		return strings.TrimSuffix(strings.NewReplacer("_", "", "-", "").Replace(strings.ToLower(s)), "s")
+	}
+	names := make([]string, 0, len(keyKinds))
+	near := ""
+	for name := range keyKinds {
+		names = append(names, name)
+		if norm(name) == norm(k) {
+			near = name
+		}
+	}
+	sort.Strings(names)
+	w := fmt.Sprintf("cluster: the key at line %d is not one Kairos's cluster schema or provider-kubernetes reads (%s): it is ignored", line, strings.Join(names, ", "))
+	if near != "" {
+		w += "; did you mean " + near + "?"
+	}
+	return w
 }
 
 // checkKind lists what is wrong with the kind of key's value: nothing, one
