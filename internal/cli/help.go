@@ -295,9 +295,13 @@ func printHelp(w io.Writer, name string, fs *flag.FlagSet) {
 // command's help (the command run with --help).
 func cmdHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch {
-	case len(args) == 0, args[0] == "-h", args[0] == "--help", args[0] == "-help":
+	case len(args) == 0, args[0] == "-h", args[0] == "--help", args[0] == "-help", len(args) == 1 && args[0] == "help":
 		overview(stdout)
 		return reconcile.ExitOK
+	case len(args) == 2 && args[0] == "pin" && (args[1] == "show" || args[1] == "set"):
+		// help pin show: pin's own help, which covers both.
+		args = args[:1]
+		fallthrough
 	case len(args) == 1:
 		if c, ok := lookup(args[0]); ok {
 			return c.call(ctx, []string{"--help"}, nil, stdout, stderr)

@@ -123,7 +123,7 @@ func TestHelpShowsTheFlagDefaults(t *testing.T) {
 	}
 }
 
-// help, -h, --help and help --help print the overview on stdout and exit 0; no command
+// help, -h, --help, help --help and help help print the overview on stdout and exit 0; no command
 // at all prints it on stderr and exits 2. It lists every command.
 func TestOverview(t *testing.T) {
 	_, want, _ := run("help")
@@ -135,10 +135,17 @@ func TestOverview(t *testing.T) {
 	if !strings.Contains(want, "'provider-kubernetes help COMMAND'") {
 		t.Errorf("the overview does not say where a command's help is:\n%s", want)
 	}
-	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}, {"help", "--help"}} {
+	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}, {"help", "--help"}, {"help", "help"}} {
 		code, out, errOut := run(args...)
 		if code != reconcile.ExitOK || out != want || errOut != "" {
 			t.Errorf("%v: exit %d, stdout %d bytes, stderr %q", args, code, len(out), errOut)
+		}
+	}
+	// pin's subcommands, as the overview lists them, have pin's help.
+	_, pinHelp, _ := run("pin", "--help")
+	for _, sub := range []string{"show", "set"} {
+		if code, out, errOut := run("help", "pin", sub); code != reconcile.ExitOK || out != pinHelp || errOut != "" {
+			t.Errorf("help pin %s: exit %d, stdout %d bytes, stderr %q", sub, code, len(out), errOut)
 		}
 	}
 	code, out, errOut := run()
