@@ -81,8 +81,9 @@ func (l testLog) Write(p []byte) (int, error) {
 // chroot is the Kairos root the child built: tmpfs, with the host's /usr
 // and /etc read-only, /usr/local, /oem, /system and /run its own.
 type chroot struct {
-	t    *testing.T
-	root string
+	t     *testing.T
+	root  string
+	pages map[string]*docs.Page // opened by doc: what each page's commands ran
 }
 
 func (c *chroot) path(p string) string { return filepath.Join(c.root, p) }
@@ -118,7 +119,15 @@ func (c *chroot) run(args ...string) (string, int) {
 // page's own text, with sh in the chroot.
 func (c *chroot) doc(page, prefix string) (string, int) {
 	c.t.Helper()
-	line, err := docs.Command(page, prefix)
+	p := c.pages[page]
+	if p == nil {
+		var err error
+		if p, err = docs.Open(page); err != nil {
+			c.t.Fatal(err)
+		}
+		c.pages[page] = p
+	}
+	line, err := p.Command(prefix)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -160,7 +169,18 @@ func bindRO(t *testing.T, src, dst string) {
 }
 
 func newChroot(t *testing.T, dir string) *chroot {
-	c := &chroot{t: t, root: filepath.Join(dir, "root")}
+	c := &chroot{t: t, root: filepath.Join(dir, "root"), pages: map[string]*docs.Page{}}
+	// This test is cloud-config.md's (tests/docs pageTests): every local
+	// command the page shows is run here.
+	t.Cleanup(func() {
+		switch p := c.pages["cloud-config.md"]; {
+		case t.Failed():
+		case p == nil:
+			t.Error("docs/cloud-config.md: none of its commands ran")
+		case len(p.Unrun()) > 0:
+			t.Errorf("docs/cloud-config.md shows commands this test does not run: %q", p.Unrun())
+		}
+	})
 	mount(t, "tmpfs", c.root, "tmpfs", 0, "mode=0755")
 	for _, d := range []string{"proc", "sys", "dev", "run", "tmp", "oem", "var/log", "root", "system/providers", "system/oem"} {
 		if err := os.MkdirAll(c.path(d), 0o755); err != nil {
