@@ -340,11 +340,13 @@ func (n *Node) boot(ctx context.Context, full bool) error {
 	cmd.Stdout, cmd.Stderr = console, console
 	// Own session (no terminal signals); if the test binary dies, nspawn gets
 	// SIGTERM: an orderly poweroff of the container.
+	// The signal comes when the forking thread ends: startOnSpawner forks
+	// from one that never does.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGTERM}
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = c.o.StopBudget
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	if err := startOnSpawner(cmd); err != nil {
 		_ = n.removeCgroups()
 		return fmt.Errorf("node %s: start nspawn: %w", n.Name, err)
 	}
