@@ -145,7 +145,7 @@ func addonsAt(ctx context.Context, admin *kube.Client, proxyTag, corednsTag stri
 			return fmt.Errorf("%s kube-system/%s runs %s, want tag %s", kind, name, r.Image, want)
 		}
 		if !r.Done() {
-			return fmt.Errorf("%s kube-system/%s not rolled out: %d desired, %d updated, %d total, %d available", kind, name, r.Desired, r.Updated, r.Total, r.Available)
+			return fmt.Errorf("%s kube-system/%s not rolled out: %d desired, %d updated, %d total, %d available%s", kind, name, r.Desired, r.Updated, r.Total, r.Available, notReadyNodes(ctx, admin))
 		}
 		return nil
 	}
@@ -156,4 +156,30 @@ func addonsAt(ctx context.Context, admin *kube.Client, proxyTag, corednsTag stri
 		return notes, err
 	}
 	return notes, nil
+}
+
+// notReadyNodes says which Nodes are not Ready, for a rollout that is not
+// done: a DaemonSet replaces one node's pod at a time, and the pod of a
+// node that is down stays terminating, which holds the whole rollout (the
+// kube-proxy of every other node included) until that node is back or its
+// Node is deleted. Empty when every Node is Ready or they cannot be listed.
+func notReadyNodes(ctx context.Context, admin *kube.Client) string {
+	nodes, err := admin.Nodes(ctx)
+	if err != nil {
+		return ""
+	}
+	var names []string
+	for _, n := range nodes {
+		if !n.Ready {
+			names = append(names, n.Name)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	more := ""
+	if len(names) > 5 {
+		names, more = names[:5], fmt.Sprintf(" and %d more", len(names)-5)
+	}
+	return fmt.Sprintf("; Nodes not Ready: %s%s (a node that is down holds a DaemonSet's rollout until it is back or its Node is deleted)", strings.Join(names, ", "), more)
 }

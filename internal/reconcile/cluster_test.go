@@ -187,6 +187,21 @@ func TestLastControlPlaneVerifiesTheAddons(t *testing.T) {
 			t.Fatalf("exit %d status %+v", res.ExitCode, st)
 		}
 	})
+	// A worker that is down holds kube-proxy's rollout (its old pod stays
+	// terminating): the failure names it.
+	t.Run("held by a node that is down", func(t *testing.T) {
+		e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+		bundle(e)
+		e.api.SetNode("w1", "v1.36.3", false)
+		e.api.SetDaemonSet("kube-proxy", "registry.k8s.io/kube-proxy:v1.37.2", 4, 0, 4, 3)
+		e.api.SetDeployment("coredns", "registry.k8s.io/coredns/coredns:v1.14.6", 2, 2, 2, 2)
+		res := e.run(Steps{})
+		st := e.status(t)
+		if res.ExitCode != ExitFailed || st.Reason != ReasonHealthGateTimeout ||
+			!strings.Contains(st.Message, "daemonset kube-system/kube-proxy not rolled out: 4 desired, 0 updated, 4 total, 3 available; Nodes not Ready: w1 (") {
+			t.Fatalf("exit %d status %+v", res.ExitCode, st)
+		}
+	})
 	t.Run("not the last control plane: nothing checked", func(t *testing.T) {
 		e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
 		bundle(e)
