@@ -18,6 +18,9 @@ command -v containerd >/dev/null 2>&1 && command -v ctr >/dev/null 2>&1 || need+
 [ -x /usr/sbin/xtables-nft-multi ] || need+=(iptables)
 [ -x /usr/bin/systemd-analyze ] || need+=(systemd)
 command -v tar >/dev/null 2>&1 || need+=(tar)
+# The HA scenario's control-plane endpoint: a load balancer in front of the
+# three apiservers (tests/e2e/harness LoadBalancer).
+[ -x /usr/sbin/haproxy ] || need+=(haproxy)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 	"github.com/kairos-io/provider-kubernetes/tests/e2e/harness"
 )
@@ -226,7 +227,16 @@ func TestHAUpgrade(t *testing.T) {
 	tr := osTrees(t)
 	c := harness.New(t, harness.Options{Base: base(t)})
 	token := newToken(t)
-	const endpoint = "10.0.0.11"
+	// Issue 27: the cluster's endpoint is a load balancer in front of the
+	// three apiservers, as an HA cluster is run, not cp1's own address.
+	lbCtx, lbCancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	lb, err := c.StartLoadBalancer(lbCtx, 6443, []string{"10.0.0.11:6443", "10.0.0.12:6443", "10.0.0.13:6443"})
+	lbCancel()
+	if err != nil {
+		testutil.SkipUnlessCI(t, err.Error())
+		t.Fatal(err)
+	}
+	endpoint := harness.BridgeIP
 	nodes := []*haNode{
 		{node: node{name: "cp1", ip: "10.0.0.11", role: "init"}},
 		{node: node{name: "cp2", ip: "10.0.0.12", role: "controlplane"}},
@@ -311,6 +321,11 @@ func TestHAUpgrade(t *testing.T) {
 	}
 	progress(t, "cluster of 3 control planes and a worker up at v1.36.3 after %s", time.Since(start).Round(time.Second))
 	t.Logf("bootstrap of 4 nodes: %s", time.Since(start).Round(time.Second))
+	adminConf, err := cp1.n.ReadFile("/etc/kubernetes/admin.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := startProbe(t, c, adminConf, lb.Addr, "converged at v1.36.3")
 
 	rollout(t, "bootstrap", cp1, 0, "nothing: every node is converged at v1.36.3")
 	for _, hn := range nodes {
@@ -327,6 +342,8 @@ func TestHAUpgrade(t *testing.T) {
 	// apiserver manifest, and after apply returned but before the kubelet
 	// restart. Each next boot picks up from what is on disk; the last one
 	// finishes with the kubelet restart and verify.
+	const cp1Phase = "cp1 upgrade apply (killed 3 times)"
+	probe.setPhase(cp1Phase)
 	stop(cp1)
 	if err := cp1.n.SetTree(tr["1.37"]); err != nil {
 		t.Fatal(err)
@@ -340,6 +357,12 @@ func TestHAUpgrade(t *testing.T) {
 		t.Fatalf("cp1 after the kills: exit %d\n%s\nkubeadm:\n%s", code, reconcileLog(t, cp1.n), kubeadmLog(cp1.n))
 	}
 	afterKills(t, cp1.n, "v1.37.2")
+	// While cp1 was down, cut and upgraded, the API answered through the
+	// load balancer (cp2's and cp3's apiservers).
+	if probe.ok(cp1Phase) == 0 {
+		t.Fatalf("no good answer through the load balancer while cp1 was down:\n%s", probe.report())
+	}
+	probe.setPhase("after cp1")
 	t.Logf("cp1's cuts:\n%s", strings.Join(cut, "\n"))
 	log1 := reconcileLog(t, cp1.n)
 	// At most one snapshot attempt outcome per boot, never a second snapshot.
@@ -421,6 +444,7 @@ func TestHAUpgrade(t *testing.T) {
 	// planted in kubeadm-flags.env before the swap: its new kubelet
 	// crash-loops until the repair rewrites the file.
 	for _, hn := range []*haNode{cp2, cp3} {
+		probe.setPhase(hn.name + " upgrade node")
 		stop(hn)
 		if hn == cp2 {
 			flags, err := hn.n.ReadFile("/var/lib/kubelet/kubeadm-flags.env")
@@ -485,6 +509,7 @@ func TestHAUpgrade(t *testing.T) {
 	}
 
 	// The worker last, on a later boot now that the control planes are done.
+	probe.setPhase("w1 upgrade node")
 	stop(w1)
 	if err := w1.n.SetTree(tr["1.37"]); err != nil {
 		t.Fatal(err)
@@ -550,6 +575,9 @@ func TestHAUpgrade(t *testing.T) {
 		}
 	}
 	progress(t, "all four nodes at v1.37.2, etcd 3.7 on every member, after %s", time.Since(start).Round(time.Second))
+	probeReport := probe.report()
+	progress(t, "the API through the load balancer %s during the rolling upgrade:\n%s", lb.Addr, probeReport)
+	t.Logf("API availability through the load balancer:\n%s", probeReport)
 
 	// Issue 17: a new worker joins with join-config's output, as an operator
 	// pastes it into the next node's cloud-config and adds the node's own

@@ -3,12 +3,14 @@ package harness
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 	"github.com/kairos-io/provider-kubernetes/internal/testutil/kairos"
 )
 
@@ -431,5 +433,22 @@ func TestContainerCgroups(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("got  %q\nwant %q", got, want)
+	}
+}
+
+// The load balancer's configuration is one HAProxy takes: checked by the
+// real haproxy (-c), no root needed.
+func TestLBConfigValid(t *testing.T) {
+	bin := findTool("haproxy")
+	if bin == "" {
+		testutil.SkipUnlessCI(t, "haproxy is not installed (apt-get install "+LBPackage+")")
+	}
+	cfg := filepath.Join(t.TempDir(), "haproxy.cfg")
+	if err := os.WriteFile(cfg, []byte(lbConfig(BridgeIP+":6443", []string{"10.0.0.11:6443", "10.0.0.12:6443"})), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "-c", "-f", cfg).CombinedOutput()
+	if err != nil {
+		t.Fatalf("haproxy -c: %v\n%s", err, out)
 	}
 }
