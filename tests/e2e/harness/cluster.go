@@ -38,6 +38,7 @@ type Cluster struct {
 	net      netOps
 	hier     []hierarchy
 	bridgeNS string
+	lbs      []*LoadBalancer
 	ownState bool
 
 	life     context.Context // the nspawn processes' lifetime
@@ -76,6 +77,7 @@ func New(t testing.TB, o Options) *Cluster {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		if t.Failed() {
+			t.Logf("%s", c.APIDiagnostics(ctx))
 			for _, n := range c.Nodes() {
 				t.Logf("%s", n.Diagnostics(ctx))
 			}
@@ -309,6 +311,12 @@ func (c *Cluster) Cleanup(ctx context.Context) error {
 	}
 	wg.Wait()
 	errs = append(errs, nodeErrs...)
+	c.mu.Lock()
+	lbs := c.lbs
+	c.mu.Unlock()
+	for _, lb := range lbs {
+		errs = append(errs, lb.stop())
+	}
 	c.stopLife()
 	var ns []string
 	for _, n := range nodes {
@@ -447,4 +455,37 @@ func (c *Cluster) sweep(ctx context.Context) error {
 // pidsIn lists the processes in a cgroup directory and below.
 func pidsIn(dir string) []int {
 	return cgroupPIDs([]hierarchy{{Mount: filepath.Dir(dir), Parent: "/"}}, filepath.Base(dir))
+}
+
+// APIDiagnostics is what the API says of kube-system (DaemonSets, pods and
+// their nodes, leader leases, recent events), asked with kubectl on the
+// first running node that has admin.conf.
+func (c *Cluster) APIDiagnostics(ctx context.Context) string {
+	var b strings.Builder
+	for _, n := range c.Nodes() {
+		if !n.Running() {
+			continue
+		}
+		if _, err := n.exec(ctx, []string{"test", "-r", "/etc/kubernetes/admin.conf"}); err != nil {
+			continue
+		}
+		fmt.Fprintf(&b, "===== the API, asked on %s =====\n", n.Name)
+		for _, q := range [][]string{
+			{"get", "nodes", "-o", "wide"},
+			{"get", "ds,deploy", "-n", "kube-system", "-o", "wide"},
+			{"get", "ds", "kube-proxy", "-n", "kube-system", "-o", "jsonpath={.metadata.generation} {.status}"},
+			{"get", "pods", "-n", "kube-system", "-o", "wide"},
+			{"get", "pods", "-n", "kube-system", "-l", "k8s-app=kube-proxy", "-o", "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.metadata.labels.pod-template-generation} del={.metadata.deletionTimestamp} {.status.phase} {.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}"},
+			{"get", "leases", "-n", "kube-system"},
+			{"get", "events", "-n", "kube-system", "--sort-by=.lastTimestamp"},
+		} {
+			res, err := n.exec(ctx, append([]string{"kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", "--request-timeout=20s"}, q...))
+			fmt.Fprintf(&b, "--- kubectl %s ---\n%s%s\n", strings.Join(q, " "), tailLines(string(res.Stdout), 80), tailLines(string(res.Stderr), 5))
+			if err != nil {
+				fmt.Fprintf(&b, "(%v)\n", err)
+			}
+		}
+		return b.String()
+	}
+	return "===== the API: no running node with admin.conf =====\n"
 }
