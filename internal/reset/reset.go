@@ -166,10 +166,7 @@ func Run(ctx context.Context, o Options) Result {
 // the directories kubeadm reset empties, or a parent, is a symlink; a
 // missing one is no obstacle.
 func noSymlinkedDir(root paths.Root) error {
-	r := string(root)
-	if r == "" {
-		r = "/"
-	}
+	r := root.Path("/") // the root itself ("/" on a node)
 	for _, d := range Emptied {
 		fd, err := openDir(r, d)
 		if err == nil {
@@ -190,10 +187,7 @@ type failure struct {
 
 // clean removes kubeadm's backups and empties the directories.
 func clean(root paths.Root) []failure {
-	r := string(root)
-	if r == "" {
-		r = "/"
-	}
+	r := root.Path("/") // the root itself ("/" on a node)
 	w := &walker{}
 	if fd, err := openDir(r, paths.EtcdBackupDir); err == nil {
 		if n, err := statxFD(fd); err == nil {
