@@ -193,18 +193,17 @@ func fromNode(n *yaml3.Node) (*Cluster, []error) {
 	var ignored []string
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i].Value, n.Content[i+1]
-		_, known := keyKinds[k]
-		if _, refused := unsupported[k]; !known && !refused {
+		want, known := keyKinds[k]
+		why, refused := unsupported[k]
+		switch {
+		case !known && !refused:
 			ignored = append(ignored, unknownKey(k, n.Content[i].Line))
-		}
-		if why, ok := unsupported[k]; ok && !isNull(v) {
+		case isNull(v):
+		case refused:
 			problems = append(problems, fmt.Errorf("%w: %s is a key of Kairos's cluster schema that provider-kubernetes does not use (%s): remove it", ErrInvalid, k, why))
+		default:
+			problems = append(problems, checkKind(k, want, v)...)
 		}
-		want, ok := keyKinds[k]
-		if !ok || isNull(v) {
-			continue
-		}
-		problems = append(problems, checkKind(k, want, v)...)
 	}
 	if len(problems) > 0 {
 		return nil, problems
