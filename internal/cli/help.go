@@ -299,9 +299,7 @@ func cmdHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		overview(stdout)
 		return reconcile.ExitOK
 	case len(args) == 2 && args[0] == "pin" && (args[1] == "show" || args[1] == "set"):
-		// help pin show: pin's own help, which covers both.
-		args = args[:1]
-		fallthrough
+		return cmdHelp(ctx, args[:1], stdout, stderr) // pin's own help covers both
 	case len(args) == 1:
 		if c, ok := lookup(args[0]); ok {
 			return c.call(ctx, []string{"--help"}, nil, stdout, stderr)

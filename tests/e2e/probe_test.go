@@ -118,6 +118,9 @@ func (p *apiProbe) record(now time.Time, err error) {
 }
 
 // probeGet is one authenticated read: a good answer is 200 with a body.
+// It uses client-go's transport (TLS, credentials) but not its RESTClient,
+// whose retries on Retry-After answers would hide the failures the probe
+// counts; the body is read up to 1 MiB.
 func probeGet(ctx context.Context, hc *http.Client, url string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
