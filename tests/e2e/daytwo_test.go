@@ -8,17 +8,13 @@ import (
 	"encoding/pem"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/wait"
 	"github.com/kairos-io/provider-kubernetes/pkg/version"
 	"github.com/kairos-io/provider-kubernetes/tests/e2e/harness"
 )
@@ -163,53 +159,29 @@ func terminatedGracefully(t testing.TB, n *harness.Node) {
 func servedCert(t testing.TB, c *harness.Cluster, ip string) *x509.Certificate {
 	t.Helper()
 	// A node just booted: its apiserver may not listen yet.
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		cert, err := tryServedCert(c, ip)
-		if err == nil {
-			return cert
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the apiserver's certificate at %s: %v", ip, err)
-		}
-		time.Sleep(2 * time.Second)
+	var cert *x509.Certificate
+	err := wait.Poll(context.Background(), nil, wait.Budget{Total: 2 * time.Minute, Interval: 2 * time.Second, PerAttempt: 15 * time.Second},
+		"the apiserver's certificate at "+ip, func(ctx context.Context) (bool, error) {
+			conn, err := c.DialContext(ctx, "tcp", net.JoinHostPort(ip, "6443"))
+			if err != nil {
+				return false, err
+			}
+			tc := tls.Client(conn, &tls.Config{InsecureSkipVerify: true}) // #nosec: read the certificate, not trust it
+			defer tc.Close()
+			if err := tc.HandshakeContext(ctx); err != nil {
+				return false, err
+			}
+			certs := tc.ConnectionState().PeerCertificates
+			if len(certs) == 0 {
+				return false, fmt.Errorf("no certificate served")
+			}
+			cert = certs[0]
+			return true, nil
+		})
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-func tryServedCert(c *harness.Cluster, ip string) (*x509.Certificate, error) {
-	type result struct {
-		cert *x509.Certificate
-		err  error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
-		f, err := os.Open(filepath.Join("/run/netns", c.BridgeNetNS()))
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("setns: %w", err)}
-			return
-		}
-		d := &net.Dialer{Timeout: 10 * time.Second}
-		conn, err := tls.DialWithDialer(d, "tcp", net.JoinHostPort(ip, "6443"), &tls.Config{InsecureSkipVerify: true}) // #nosec: read the certificate, not trust it
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer conn.Close()
-		certs := conn.ConnectionState().PeerCertificates
-		if len(certs) == 0 {
-			ch <- result{err: fmt.Errorf("no certificate served")}
-			return
-		}
-		ch <- result{cert: certs[0]}
-	}()
-	r := <-ch
-	return r.cert, r.err
+	return cert
 }
 
 // renewOnRunningControlPlane is issue 26 item 1 on a real node: the

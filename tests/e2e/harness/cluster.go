@@ -184,9 +184,6 @@ func (c *Cluster) Node(name string) *Node {
 	return nil
 }
 
-// BridgeNetNS is the name of the network namespace holding the bridge.
-func (c *Cluster) BridgeNetNS() string { return c.bridgeNS }
-
 // AddNode creates a node (state dirs, identity files, network namespace,
 // routes); it is not booted.
 func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*Node, error) {
