@@ -444,7 +444,7 @@ func printPlan(w io.Writer, obs reconcile.Observation, pl plan.Plan) {
 	if pin == "" {
 		pin = "(not set)"
 	}
-	fmt.Fprintf(w, "Facts:    member=%v role=%s pin=%s bundled=%s node=%s cluster=%s\n", f.Member, p(orDash(f.Role.Shown())), p(pin), vs(f.Bundled), vs(f.Node), vs(f.Cluster))
+	fmt.Fprintf(w, "Facts:    member=%v role=%s pin=%s bundled=%s node=%s cluster=%s verified=%s\n", f.Member, p(orDash(f.Role.Shown())), p(pin), vs(f.Bundled), vs(f.Node), vs(f.Cluster), vs(f.Verified))
 	switch pl.Verdict {
 	case plan.VerdictRefuse:
 		fmt.Fprintf(w, "Verdict:  REFUSE %s (%s)\n", p(string(pl.Refusal)), p(pl.Reason))

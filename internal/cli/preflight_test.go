@@ -103,7 +103,7 @@ func TestPreflightProceedsWhenTheNextBootWouldUpgradeNow(t *testing.T) {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
 	}
 	wantLine(t, errOut, "level=INFO msg=preflight outcome=proceed code=\"\" role=controlplane pin=v1.37.2 bundled=v1.37.2 node=v1.36.3 cluster=v1.37.2 actions=upgrade-node,restart-kubelet,verify host_root="+f.host.Root)
-	for _, w := range []string{"Preflight: proceed: the upgrade may swap the image\n", "Facts:    member=true role=controlplane pin=v1.37.2 bundled=v1.37.2 node=v1.36.3 cluster=v1.37.2\n",
+	for _, w := range []string{"Preflight: proceed: the upgrade may swap the image\n", "Facts:    member=true role=controlplane pin=v1.37.2 bundled=v1.37.2 node=v1.36.3 cluster=v1.37.2 verified=v1.36.3\n",
 		"Actions:  1. upgrade-node  2. restart-kubelet  3. verify\n", "Observed: the next boot's cluster: section from /oem/90_custom.yaml\n"} {
 		if !strings.Contains(out, w) {
 			t.Fatalf("no %q in:\n%s", w, out)
