@@ -91,6 +91,14 @@ var ErrUntrusted = errors.New("not root's own")
 // swapped between check and read. An untrusted directory or file is
 // ErrUntrusted naming it, even when the record below it is missing.
 func ReadFileTrusted(root, hostPath string, limit int64) ([]byte, error) {
+	return ReadFileTrustedBy(root, hostPath, limit, nil)
+}
+
+// ReadFileTrustedBy is ReadFileTrusted that also trusts a directory its
+// group may write when that group is one of groups (AdminGroups: groups
+// whose members are root already). A file is never trusted with group
+// write, and nothing is with world write.
+func ReadFileTrustedBy(root, hostPath string, limit int64, groups []uint32) ([]byte, error) {
 	if root == "" {
 		root = "/"
 	}
@@ -98,7 +106,7 @@ func ReadFileTrusted(root, hostPath string, limit int64) ([]byte, error) {
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: root, Err: err}
 	}
-	if err := trustedFd(fd, root, "directory"); err != nil {
+	if err := trustedFdBy(fd, root, "directory", groups); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
@@ -148,7 +156,7 @@ func ReadFileTrusted(root, hostPath string, limit int64) ([]byte, error) {
 		if last {
 			want = "file"
 		}
-		if err := trustedFd(fd, walked, want); err != nil {
+		if err := trustedFdBy(fd, walked, want, groups); err != nil {
 			unix.Close(fd)
 			return nil, err
 		}
@@ -161,6 +169,12 @@ func ReadFileTrusted(root, hostPath string, limit int64) ([]byte, error) {
 // trustedFd checks that what fd holds is root's own (the provider's user)
 // and writable by nobody else, and is what is wanted ("directory" or "file").
 func trustedFd(fd int, path, want string) error {
+	return trustedFdBy(fd, path, want, nil)
+}
+
+// trustedFdBy is trustedFd that also accepts a directory writable by its
+// group when the group is one of groups.
+func trustedFdBy(fd int, path, want string, groups []uint32) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return &os.PathError{Op: "fstat", Path: path, Err: err}
@@ -171,7 +185,7 @@ func trustedFd(fd int, path, want string) error {
 	case want == "file" && st.Mode&unix.S_IFMT != unix.S_IFREG:
 		return &KindError{Path: path, Kind: Kind(st.Mode), Want: "a regular file"}
 	}
-	if int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
+	if !TrustedStat(&st, groups) {
 		return fmt.Errorf("%s: %w (%s of uid %d, mode %04o): refusing to act on a file someone else could have written (or replaced, for a directory)",
 			path, ErrUntrusted, want, st.Uid, st.Mode&0o7777)
 	}

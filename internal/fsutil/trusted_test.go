@@ -89,3 +89,47 @@ func TestReadFileTrustedRefusesLinksAndForeignFiles(t *testing.T) {
 		t.Fatalf("a missing record: %v; want ErrNotExist", err)
 	}
 }
+
+// ReadFileTrustedBy trusts a directory its group may write only when the
+// group is one of those given (AdminGroups'), never a file its group may
+// write, never world write.
+func TestReadFileTrustedByAdminGroup(t *testing.T) {
+	testutil.RequireRoot(t) // files of another group
+	root := t.TempDir()
+	dir := filepath.Join(root, "oem")
+	if err := os.Mkdir(dir, 0o770); err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(dir, "90_custom.yaml")
+	if err := os.WriteFile(f, []byte("x"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, f} {
+		if err := os.Chown(p, 0, 900); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name          string
+		dirMode, mode os.FileMode
+		groups        []uint32
+		ok            bool
+	}{
+		{"the admin group's directory", 0o770, 0o640, []uint32{900}, true},
+		{"no group given", 0o770, 0o640, nil, false},
+		{"another group given", 0o770, 0o640, []uint32{27}, false},
+		{"world write too", 0o777, 0o640, []uint32{900}, false},
+		{"the file writable by the group", 0o770, 0o660, []uint32{900}, false},
+	} {
+		if err := os.Chmod(dir, c.dirMode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(f, c.mode); err != nil {
+			t.Fatal(err)
+		}
+		b, err := fsutil.ReadFileTrustedBy(root, "/oem/90_custom.yaml", 10, c.groups)
+		if c.ok && (err != nil || string(b) != "x") || !c.ok && !errors.Is(err, fsutil.ErrUntrusted) {
+			t.Errorf("%s: %q %v", c.name, b, err)
+		}
+	}
+}

@@ -34,7 +34,8 @@ var ErrNoSection = errors.New("no cluster: section in the cloud-config")
 // .yml files under 2 MiB with a #cloud-config, #kairos-config or
 // #node-config header among their first ten lines), each read beneath the
 // root like the cluster file (no symlink followed anywhere, nothing that
-// someone other than root could have written). check is what the plugin
+// someone other than root could have written; a directory Kairos gives its
+// admin group, root by sudo, counts as root's: fsutil.AdminGroups). check is what the plugin
 // refuses at boot (plugin.Check): a section it refuses is an error, as the
 // pass reports it. The notes say where the section came from.
 //
@@ -55,8 +56,11 @@ func (o *Observer) NextBootConfig(check func(*clusterconfig.Cluster) ([]string, 
 	}
 	var with []string
 	var cluster *clusterconfig.Cluster
+	// Kairos makes /oem and /usr/local/cloud-config root:admin 0770, and
+	// admin's members are root by sudo (fsutil.AdminGroups).
+	admins := fsutil.AdminGroups(string(o.Root))
 	for _, f := range files {
-		b, err := fsutil.ReadFileTrusted(string(o.Root), f, clusterconfig.MaxCloudConfigFile)
+		b, err := fsutil.ReadFileTrustedBy(string(o.Root), f, clusterconfig.MaxCloudConfigFile, admins)
 		if errors.Is(err, fsutil.ErrTooLarge) {
 			notes = append(notes, "cloud-config "+f+" is 2 MiB or more: skipped, as kairos-agent skips it")
 			continue

@@ -112,3 +112,39 @@ func TestNextBootConfigSearchIsBounded(t *testing.T) {
 		t.Fatalf("%d entries: %v", clusterconfig.MaxCloudConfigEntries+1, err)
 	}
 }
+
+// A real Kairos node's shape (kairos-init's 10_accounting.yaml, at every
+// boot): /oem and /usr/local/cloud-config root:admin 0770, their files
+// root:admin, and %admin allowed every command by sudo. admin's members
+// are root already, so the next boot's section is read (the preflight on a
+// real node depended on it); the same directories without that sudo line
+// are not trusted.
+func TestNextBootConfigOnKairosAccounts(t *testing.T) {
+	testutil.RequireRoot(t) // root:admin
+	for _, sudo := range []string{"%admin ALL=(ALL) NOPASSWD: ALL", "%ops ALL=(ALL) NOPASSWD: ALL"} {
+		n := testutil.NewNode(t, "w1")
+		o := &Observer{Root: n.R()}
+		n.Write("/etc/group", "root:x:0:\nadmin:x:900:kairos\nops:x:901:\n", 0o644)
+		n.Write("/etc/sudoers", "root ALL=(ALL) ALL\n"+sudo+"\n", 0o600)
+		n.Write("/oem/90_custom.yaml", testutil.CloudConfig("worker", "v1.37.2"), 0o640)
+		n.Write("/usr/local/cloud-config/cluster.kairos.yaml", "#cloud-config\nname: provider-kubernetes\nstages: {}\n", 0o600)
+		for _, p := range []string{"/oem", "/oem/90_custom.yaml", "/usr/local/cloud-config", "/usr/local/cloud-config/cluster.kairos.yaml"} {
+			if err := os.Chown(n.Path(p), 0, 900); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, d := range []string{"/oem", "/usr/local/cloud-config"} {
+			if err := os.Chmod(n.Path(d), 0o770); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cfg, _, err := o.NextBootConfig(accept)
+		if trusted := strings.HasPrefix(sudo, "%admin"); trusted {
+			if err != nil || cfg.Pin != "v1.37.2" {
+				t.Fatalf("%q: %+v %v", sudo, cfg, err)
+			}
+		} else if !errors.Is(err, fsutil.ErrUntrusted) {
+			t.Fatalf("%q: admin may not sudo, yet: %+v %v", sudo, cfg, err)
+		}
+	}
+}

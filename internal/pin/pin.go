@@ -109,6 +109,9 @@ type candidate struct {
 type finder struct {
 	entries, read int
 	found         []candidate
+	// admins are the node's groups whose members are root already
+	// (fsutil.AdminGroups): Kairos makes /oem root:admin 0770.
+	admins []uint32
 }
 
 // Find locates the pin below root's /oem. A refusal (ErrRefused) says why
@@ -122,8 +125,9 @@ func Find(root paths.Root) (*File, error) {
 	if err != nil {
 		return nil, err
 	}
+	fd := &finder{admins: fsutil.AdminGroups(r)}
 	open := ""
-	if !trusted(top) {
+	if !fd.trusted(top) {
 		open = "/"
 	}
 	dir, host := top, ""
@@ -135,11 +139,10 @@ func Find(root paths.Root) (*File, error) {
 			return nil, err
 		}
 		dir = next
-		if open == "" && !trusted(dir) {
+		if open == "" && !fd.trusted(dir) {
 			open = host
 		}
 	}
-	fd := &finder{}
 	err = fd.walk(dir, host, 0, open)
 	dir.Close()
 	if err != nil {
@@ -196,14 +199,12 @@ func openDir(dir *os.File, name, host string) (*os.File, error) {
 	return d, nil
 }
 
-// trusted: a directory only this user can write (its owner, no group or
-// world write): nobody else can swap what is in it.
-func trusted(d *os.File) bool {
+// trusted: a directory only this user can write (its owner, no world
+// write, no group write but by a group of fd.admins): nobody but root can
+// swap what is in it.
+func (fd *finder) trusted(d *os.File) bool {
 	var st unix.Stat_t
-	if unix.Fstat(int(d.Fd()), &st) != nil {
-		return false
-	}
-	return int(st.Uid) == os.Geteuid() && st.Mode&0o022 == 0
+	return unix.Fstat(int(d.Fd()), &st) == nil && fsutil.TrustedStat(&st, fd.admins)
 }
 
 // walk visits dir (host path host) as Kairos's collector does (every
@@ -233,7 +234,7 @@ func (fd *finder) walk(dir *os.File, host string, depth int, open string) error 
 				return err
 			}
 			subOpen := open
-			if subOpen == "" && !trusted(sub) {
+			if subOpen == "" && !fd.trusted(sub) {
 				subOpen = p
 			}
 			err = fd.walk(sub, p, depth+1, subOpen)

@@ -311,3 +311,69 @@ func stat(t *testing.T, p string) *syscall.Stat_t {
 	}
 	return fi.Sys().(*syscall.Stat_t)
 }
+
+// kairosAccounts writes what kairos-init's 10_accounting.yaml leaves on
+// every boot of a real Kairos node: the admin group (gid 900) with sudo
+// for everything, and /oem root:admin 0770 with its files root:admin
+// (the install wrote 90_custom.yaml 0640). sudoLine is the sudoers line
+// for admin ("" for none).
+func kairosAccounts(t *testing.T, n *testutil.Node, sudoLine string) {
+	t.Helper()
+	n.Write("/etc/group", "root:x:0:\nsudo:x:27:\nadmin:x:900:kairos\n", 0o644)
+	n.Write("/etc/sudoers", "Defaults env_reset\nroot ALL=(ALL) ALL\n"+sudoLine+"\n#includedir /etc/sudoers.d\n", 0o600)
+	writeMode(t, n, custom, 0o640)
+	chown(t, n.Path("/oem/90_custom.yaml"), 0, 900)
+	chown(t, n.Path("/oem"), 0, 900)
+	if err := os.Chmod(n.Path("/oem"), 0o770); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// On a real Kairos node /oem is root:admin 0770 (what the Kairos VM test
+// found: pin set refused every real node). admin's members are root by
+// sudo, so a directory only they and root can write is trusted, and the
+// file keeps its owner, group and mode. A group without that sudo line,
+// or world write, is still refused.
+func TestSetOnKairosOEM(t *testing.T) {
+	testutil.RequireRoot(t) // root:admin
+	for _, sudo := range []string{"%admin ALL=(ALL) NOPASSWD: ALL", "%admin  ALL = (ALL:ALL) ALL"} {
+		n := testutil.NewNode(t, "cp1")
+		kairosAccounts(t, n, sudo)
+		ch, err := Set(n.R(), version.MustParse("v1.37.2"), false)
+		if err != nil || !ch.Changed || ch.Path != "/oem/90_custom.yaml" {
+			t.Fatalf("%q: %+v %v", sudo, ch, err)
+		}
+		if st := stat(t, n.Path("/oem/90_custom.yaml")); st.Uid != 0 || st.Gid != 900 || st.Mode&0o7777 != 0o640 {
+			t.Fatalf("%q: replaced as uid %d gid %d mode %04o", sudo, st.Uid, st.Gid, st.Mode&0o7777)
+		}
+	}
+	for name, setup := range map[string]func(n *testutil.Node){
+		"admin may not sudo everything": func(n *testutil.Node) { kairosAccounts(t, n, "%admin ALL=(ALL) /usr/bin/systemctl") },
+		"no sudo line":                  func(n *testutil.Node) { kairosAccounts(t, n, "") },
+		"the line commented out":        func(n *testutil.Node) { kairosAccounts(t, n, "# %admin ALL=(ALL) NOPASSWD: ALL") },
+		"all but one command":           func(n *testutil.Node) { kairosAccounts(t, n, "%admin ALL=(ALL) ALL, !/usr/bin/su") },
+		"sudoers writable by its group": func(n *testutil.Node) {
+			kairosAccounts(t, n, "%admin ALL=(ALL) NOPASSWD: ALL")
+			if err := os.Chmod(n.Path("/etc/sudoers"), 0o660); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"/oem world-writable too": func(n *testutil.Node) {
+			kairosAccounts(t, n, "%admin ALL=(ALL) NOPASSWD: ALL")
+			if err := os.Chmod(n.Path("/oem"), 0o777); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		n := testutil.NewNode(t, "cp1")
+		setup(n)
+		before := testutil.Digest(t, n.Root)
+		_, err := Set(n.R(), version.MustParse("v1.37.2"), false)
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "/oem can be written by another user") {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if after := testutil.Digest(t, n.Root); after != before {
+			t.Fatalf("%s: the tree changed on a refusal", name)
+		}
+	}
+}
