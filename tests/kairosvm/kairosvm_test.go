@@ -103,11 +103,10 @@ func TestKairosNode(t *testing.T) {
 		t.Skip("builds and boots a Kairos image: not in -short mode")
 	}
 	// Opt-in: it passes on this kind of machine, but it does not fit CI's
-	// time. Measured cold on 2 cores: ~41 min beyond the builds CI already
-	// pays (the Kairos base and kairos-init ~7 min, the install 11 min,
-	// three boots 21 min), ~21 min warm (the installed disk is cached),
-	// against a cold CI run already at ~81 min of a 90 min limit
-	// (docs/development.md has the figures).
+	// time. Measured on 2 cores: ~32 min cold beyond the builds CI already
+	// pays (the Kairos base 9 min, the install 10 min, three boots 18 min),
+	// ~19 min warm (the installed disk is cached), against a cold CI run
+	// already over its 90 min limit (docs/development.md has the figures).
 	if os.Getenv("PROVIDER_KUBERNETES_KAIROS_VM") != "1" {
 		t.Skip("the Kairos VM test is opt-in: it does not fit CI's time (docs/development.md); PROVIDER_KUBERNETES_KAIROS_VM=1 runs it")
 	}
