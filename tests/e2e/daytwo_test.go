@@ -82,26 +82,6 @@ func startGracefulPod(t testing.TB, n *harness.Node, minor string) {
 	kubectl(t, n, "wait", "--for=condition=Ready", "pod/"+gracefulPod, "--timeout=2m")
 }
 
-// rebootFromInside is the operator's `reboot` on the node (systemctl
-// through logind, so the kubelet's delay inhibitor lock holds the shutdown
-// while it terminates its pods), waited for until the node has gone down
-// by itself. It returns how long the shutdown took.
-func rebootFromInside(t testing.TB, n *harness.Node) time.Duration {
-	t.Helper()
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	// The node may go away while systemctl answers: its error is not the
-	// verdict, the node's exit is.
-	_, _ = n.Exec(ctx, "systemctl", "reboot")
-	cancel()
-	ctx, cancel = context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := n.WaitExit(ctx, 2*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	return time.Since(start)
-}
-
 // terminatedGracefully asserts the upgrade reboot went through the
 // kubelet's graceful node shutdown: the kubelet recorded it (its
 // graceful_node_shutdown_state: when it began and ended, the pods' group

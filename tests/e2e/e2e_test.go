@@ -612,9 +612,10 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 	// operator does (issue 26 item 2: a pod with a preStop hook is
 	// terminated gracefully on the way down).
 	startGracefulPod(t, n, "1.36")
+	startOperatorRebootPod(t, n, tr["1.36"])
 	upStart = time.Now()
-	down := rebootFromInside(t, n)
-	progress(t, "cp1: rebooted from inside; the shutdown took %s", down.Round(100*time.Millisecond))
+	down := rebootByOperator(t, n)
+	progress(t, "cp1: rebooted by kairos-operator's reboot Pod; from its sentinel to the node down: %s", down.Round(100*time.Millisecond))
 	setTree("1.37")
 	if code := boot("1.37 image, pin v1.37.2: upgrade apply"); code != 0 {
 		t.Fatalf("upgrade failed: exit %d\n%s\nkubeadm:\n%s", code, lastPass(reconcileLog(t, n)), kubeadmLog(n))
@@ -625,6 +626,7 @@ func TestSingleControlPlaneUpgrade(t *testing.T) {
 	waitNodes(t, n, "v1.37.2", "cp1")
 	upgraded(t, n, "v1.37.2")
 	terminatedGracefully(t, n)
+	operatorCountedRebooted(t, n)
 	kubectl(t, n, "delete", "pod", gracefulPod, "--wait=false")
 	if k := strings.Count(reconcileLog(t, n), "etcd-snapshot outcome="); k != 2 {
 		t.Fatalf("want one etcd-snapshot line per upgrade (two), got %d:\n%s", k, reconcileLog(t, n))
