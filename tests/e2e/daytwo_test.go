@@ -82,6 +82,24 @@ func startGracefulPod(t testing.TB, n *harness.Node, minor string) {
 	kubectl(t, n, "wait", "--for=condition=Ready", "pod/"+gracefulPod, "--timeout=2m")
 }
 
+// shutdownState is the kubelet's record of its last graceful node shutdown.
+type shutdownState struct{ StartTime, EndTime time.Time }
+
+// gracefulShutdown reads that record from n; it fails the test when the
+// kubelet recorded none that began and ended.
+func gracefulShutdown(t testing.TB, n *harness.Node) shutdownState {
+	t.Helper()
+	b, err := n.ReadFile("/var/lib/kubelet/graceful_node_shutdown_state")
+	if err != nil {
+		t.Fatalf("the kubelet recorded no graceful shutdown: %v", err)
+	}
+	var shut shutdownState
+	if err := json.Unmarshal(b, &shut); err != nil || shut.StartTime.IsZero() || shut.EndTime.IsZero() {
+		t.Fatalf("the kubelet's graceful shutdown state %q (%v): not begun and ended", b, err)
+	}
+	return shut
+}
+
 // terminatedGracefully asserts the upgrade reboot went through the
 // kubelet's graceful node shutdown: the kubelet recorded it (its
 // graceful_node_shutdown_state: when it began and ended, the pods' group
@@ -91,14 +109,7 @@ func startGracefulPod(t testing.TB, n *harness.Node, minor string) {
 // hook had run.
 func terminatedGracefully(t testing.TB, n *harness.Node) {
 	t.Helper()
-	b, err := n.ReadFile("/var/lib/kubelet/graceful_node_shutdown_state")
-	if err != nil {
-		t.Fatalf("the kubelet recorded no graceful shutdown: %v", err)
-	}
-	var shut struct{ StartTime, EndTime time.Time }
-	if err := json.Unmarshal(b, &shut); err != nil || shut.StartTime.IsZero() || shut.EndTime.IsZero() {
-		t.Fatalf("the kubelet's graceful shutdown state %q (%v): not begun and ended", b, err)
-	}
+	shut := gracefulShutdown(t, n)
 	if took := shut.EndTime.Sub(shut.StartTime); took < (preStopSeconds-1)*time.Second {
 		t.Fatalf("the kubelet's graceful shutdown took %s, less than the preStop hook's %d s", took, preStopSeconds)
 	}

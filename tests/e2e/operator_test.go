@@ -226,10 +226,7 @@ func operatorCountedRebooted(t testing.TB, n *harness.Node) {
 	if err := json.Unmarshal(out, &pod); err != nil {
 		t.Fatalf("the reboot Pod: %v\n%s", err, out)
 	}
-	var shut struct{ StartTime, EndTime time.Time }
-	if b, err := n.ReadFile("/var/lib/kubelet/graceful_node_shutdown_state"); err == nil {
-		_ = json.Unmarshal(b, &shut)
-	}
+	shut := gracefulShutdown(t, n)
 	ended := "never"
 	if cs := pod.Status.ContainerStatuses; len(cs) == 1 && cs[0].State.Terminated != nil {
 		tm := cs[0].State.Terminated
