@@ -166,14 +166,9 @@ func ReadFileTrustedBy(root, hostPath string, limit int64, groups []uint32) ([]b
 	return readBounded(f, walked, limit)
 }
 
-// trustedFd checks that what fd holds is root's own (the provider's user)
-// and writable by nobody else, and is what is wanted ("directory" or "file").
-func trustedFd(fd int, path, want string) error {
-	return trustedFdBy(fd, path, want, nil)
-}
-
-// trustedFdBy is trustedFd that also accepts a directory writable by its
-// group when the group is one of groups.
+// trustedFdBy checks that what fd holds is what is wanted ("directory" or
+// "file") and root's own (the provider's user), writable by nobody else
+// but, for a directory, a group of groups (TrustedStat).
 func trustedFdBy(fd int, path, want string, groups []uint32) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
