@@ -91,6 +91,11 @@ var (
 	ephemeral = []string{"/etc/pk-test-ephemeral"}
 )
 
+// markerPaths are the paths the probe marks on boot 1 and looks for after.
+func markerPaths() []string {
+	return append(append([]string(nil), persistent...), ephemeral...)
+}
+
 // Heavy steps' budgets under TCG on 2 cores (measured 11m13s install,
 // 11m12s boot + upgrade, 3-6 min a plain boot).
 const (
@@ -297,7 +302,7 @@ func TestKairosNode(t *testing.T) {
 		// The persistence markers go first (boot 3's probe has read
 		// them): kubeadm init refuses a /var/lib/etcd that is not empty.
 		var unmark []string
-		for _, p := range append(append([]string(nil), persistent...), ephemeral...) {
+		for _, p := range markerPaths() {
 			unmark = append(unmark, p+"/.pk-test-marker")
 		}
 		boots[2].action = "set -e\nrm -f " + strings.Join(unmark, " ") + "\n" + fallback + "\n" + cniStage + "\n" + setPin(e136.Kubernetes) + "\n"
@@ -331,7 +336,7 @@ func TestKairosNode(t *testing.T) {
 	// 6. Persistence, as measured.
 	t.Logf("persistence on the real layout (marker written on boot 1, before the upgrade):")
 	t.Logf("  %-24s %-26s %s", "path", "boot 2 (after A/B upgrade)", "boot 3 (passive image)")
-	for _, p := range append(append([]string(nil), persistent...), ephemeral...) {
+	for _, p := range markerPaths() {
 		b2, b3 := markers[boots[1].name][p], markers[boots[2].name][p]
 		t.Logf("  %-24s %-26s %s", p, kept(b2), kept(b3))
 		want := !contains(ephemeral, p)
@@ -581,7 +586,7 @@ func stepISO(t *testing.T, ctx context.Context, dir string, tools map[string]str
 	if err := os.MkdirAll(src, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	paths := strings.Join(append(append([]string(nil), persistent...), ephemeral...), " ")
+	paths := strings.Join(markerPaths(), " ")
 	files := map[string]string{"probe.sh": strings.ReplaceAll(probe, "MARKERS", paths), "action": action}
 	if writeMarkers {
 		files["write-markers"] = "yes\n"
