@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -94,7 +95,7 @@ func TestAgainstTheRealAPIServer(t *testing.T) {
 		t.Fatalf("node records %+v %+v", all[6], all[7])
 	}
 	cps, err := c.ControlPlaneNodes(ctx)
-	if err != nil || len(cps) != 1 || cps[0].Name != "n0007" || cps[0].IP != "10.0.0.7" || cps[0].Ready || !cps[0].NoCNI ||
+	if err != nil || len(cps) != 1 || cps[0].Name != "n0007" || !reflect.DeepEqual(cps[0].Addresses, []string{"10.0.0.7"}) || cps[0].Ready || !cps[0].NoCNI ||
 		cps[0].NotReady != "KubeletNotReady: container runtime network not ready: cni config uninitialized" {
 		t.Fatalf("control planes %+v %v", cps, err)
 	}
@@ -152,6 +153,8 @@ func TestAgainstTheRealAPIServer(t *testing.T) {
 	// A mirror pod's image and owner; a DaemonSet and a Deployment as
 	// the add-on gate reads them.
 	pod := map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "kube-apiserver-n0007",
+		"labels":          map[string]string{"component": "kube-apiserver", "tier": "control-plane"},
+		"annotations":     map[string]string{mirrorAnnotation: "0123456789abcdef", AdvertiseAnnotation: "[fec0:0::0:1]:6443"},
 		"ownerReferences": []map[string]any{{"apiVersion": "v1", "kind": "Node", "name": "n0007", "uid": ni.UID}}},
 		"spec": map[string]any{"nodeName": "n0007", "containers": []map[string]any{{"name": "kube-apiserver", "image": "registry.k8s.io/kube-apiserver:v1.37.2"}}}}
 	if err := c.Create(ctx, "kube-system", "pods", pod); err != nil {
@@ -160,6 +163,33 @@ func TestAgainstTheRealAPIServer(t *testing.T) {
 	pi, err := c.Pod(ctx, "kube-system", "kube-apiserver-n0007")
 	if err != nil || pi.Image != "registry.k8s.io/kube-apiserver:v1.37.2" || pi.NodeUID != ni.UID || pi.Running || !pi.OfNode(ni.UID) {
 		t.Fatalf("pod %+v %v", pi, err)
+	}
+	// The endpoint each control plane's kube-apiserver advertises, from
+	// kubeadm's annotation on its mirror pod (n0007's above): only a mirror pod of that
+	// node, named for it, with an ip:port, counts; an IPv6 endpoint is
+	// made canonical; a node with two such pods counts none.
+	apiserverPod := func(name, nodeName, endpoint string, mirror bool, labels map[string]string) {
+		t.Helper()
+		ann := map[string]string{AdvertiseAnnotation: endpoint}
+		if mirror {
+			ann[mirrorAnnotation] = "0123456789abcdef"
+		}
+		pod := map[string]any{"apiVersion": "v1", "kind": "Pod",
+			"metadata": map[string]any{"name": name, "labels": labels, "annotations": ann},
+			"spec":     map[string]any{"nodeName": nodeName, "containers": []map[string]any{{"name": "kube-apiserver", "image": "registry.k8s.io/kube-apiserver:v1.37.2"}}}}
+		if err := c.Create(ctx, "kube-system", "pods", pod); err != nil {
+			t.Fatalf("create pod %s: %v", name, err)
+		}
+	}
+	cpLabels := map[string]string{"component": "kube-apiserver", "tier": "control-plane"}
+	apiserverPod("kube-apiserver-n0008", "n0008", "10.0.0.8:6443", false, cpLabels)                                        // not a mirror pod
+	apiserverPod("kube-apiserver-n0009", "n0009", "10.0.0.9:6443", true, map[string]string{"component": "kube-apiserver"}) // not kubeadm's labels
+	apiserverPod("kube-apiserver-other", "n0010", "10.0.0.10:6443", true, cpLabels)                                        // not named for its node
+	apiserverPod("kube-apiserver-n0011", "n0011", "cp11.example:6443", true, cpLabels)                                     // a name, not an address
+	apiserverPod("kube-apiserver-n0012", "n0012", "10.0.0.12", true, cpLabels)                                             // no port
+	advertised, err := c.AdvertisedAPIServers(ctx)
+	if want := map[string]Advertised{"n0007": {Endpoint: "[fec0::1]:6443", NodeUID: ni.UID}}; err != nil || !reflect.DeepEqual(advertised, want) {
+		t.Fatalf("advertised %+v %v, want %+v", advertised, err, want)
 	}
 	tmpl := map[string]any{"metadata": map[string]any{"labels": map[string]string{"k8s-app": "x"}},
 		"spec": map[string]any{"containers": []map[string]any{{"name": "c", "image": "registry.k8s.io/kube-proxy:v1.37.2"}}}}

@@ -736,9 +736,11 @@ type NodeRecord struct {
 	Ready          bool
 	// NotReady is the Ready condition's reason and message when not Ready;
 	// NoCNI says it waits only for a network plugin (NodeInfo.NoCNI).
-	NotReady    string
-	NoCNI       bool
-	IP          string // its InternalIP
+	NotReady string
+	NoCNI    bool
+	// Addresses are its InternalIP and ExternalIP addresses, as the kubelet
+	// (or a cloud provider) reports them.
+	Addresses   []string
 	Annotations map[string]string
 }
 
@@ -761,9 +763,8 @@ func record(n node) NodeRecord {
 		r.NoCNI = noCNI(r.Ready, message)
 	}
 	for _, a := range n.Status.Addresses {
-		if a.Type == "InternalIP" {
-			r.IP = a.Address
-			break
+		if a.Type == "InternalIP" || a.Type == "ExternalIP" {
+			r.Addresses = append(r.Addresses, a.Address)
 		}
 	}
 	return r
@@ -844,6 +845,90 @@ func (c *Client) ControlPlaneNodes(ctx context.Context) ([]NodeRecord, error) {
 		return nil, fmt.Errorf("list control-plane nodes via %s: %w", c.Kubeconfig, err)
 	}
 	return records(items), nil
+}
+
+// AdvertiseAnnotation is where kubeadm records the address and port a
+// control plane's kube-apiserver advertises, on its static pod (and so on
+// the mirror pod): kubeadm's own upgrade reads it back to find a node's
+// API endpoint (constants.KubeAPIServerAdvertiseAddressEndpointAnnotationKey).
+const AdvertiseAnnotation = "kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint"
+
+// Advertised is the endpoint one control plane's kube-apiserver mirror
+// pod says it advertises.
+type Advertised struct {
+	Endpoint string // canonical "ip:port" (CanonicalEndpoint)
+	NodeUID  string // the Node the mirror pod belongs to, when it says
+}
+
+// AdvertisedAPIServers maps each node to the endpoint its kube-apiserver
+// advertises, read from the mirror pods of kubeadm's kube-apiserver static
+// pod in kube-system (labels component=kube-apiserver,tier=control-plane,
+// as kubeadm lists them). Only a mirror pod bound to a node, named
+// kube-apiserver-NODE, with a valid ip:port annotation counts; a node with
+// two such pods counts none. Needs list on pods in kube-system (admin.conf).
+func (c *Client) AdvertisedAPIServers(ctx context.Context) (map[string]Advertised, error) {
+	type pod struct {
+		Metadata struct {
+			Name            string            `json:"name"`
+			Annotations     map[string]string `json:"annotations"`
+			OwnerReferences []struct {
+				Kind string `json:"kind"`
+				UID  string `json:"uid"`
+			} `json:"ownerReferences"`
+		} `json:"metadata"`
+		Spec struct {
+			NodeName string `json:"nodeName"`
+		} `json:"spec"`
+	}
+	items, err := list[pod](ctx, "pods", func() *rest.Request {
+		return c.core.Get().Namespace("kube-system").Resource("pods").
+			Param("labelSelector", "component=kube-apiserver,tier=control-plane").Timeout(c.timeout)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list the kube-apiserver pods via %s: %w", c.Kubeconfig, err)
+	}
+	out := map[string]Advertised{}
+	seen := map[string]int{}
+	for _, p := range items {
+		m := p.Metadata
+		if _, mirror := m.Annotations[mirrorAnnotation]; !mirror || p.Spec.NodeName == "" || m.Name != "kube-apiserver-"+p.Spec.NodeName {
+			continue
+		}
+		ep, ok := CanonicalEndpoint(m.Annotations[AdvertiseAnnotation])
+		if !ok {
+			continue
+		}
+		a := Advertised{Endpoint: ep}
+		for _, o := range m.OwnerReferences {
+			if o.Kind == "Node" {
+				a.NodeUID = o.UID
+			}
+		}
+		seen[p.Spec.NodeName]++
+		out[p.Spec.NodeName] = a
+	}
+	for n, count := range seen {
+		if count > 1 {
+			delete(out, n)
+		}
+	}
+	return out, nil
+}
+
+// CanonicalEndpoint is an "ip:port" (an IPv6 address in brackets) with the
+// address in its canonical form, so that one endpoint written two ways
+// compares equal; ok is false for anything else (a name, no port).
+func CanonicalEndpoint(hostport string) (string, bool) {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return "", false
+	}
+	ip := net.ParseIP(host)
+	n, err := strconv.Atoi(port)
+	if ip == nil || err != nil || n < 1 || n > 65535 {
+		return "", false
+	}
+	return net.JoinHostPort(ip.String(), strconv.Itoa(n)), true
 }
 
 // Rollout is an add-on workload's image and rollout state.

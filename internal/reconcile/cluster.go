@@ -87,22 +87,46 @@ func apiservers(ctx context.Context, client *kube.Client) ([]apiserver, error) {
 }
 
 // nameControlPlanes puts the control-plane Node names on the apiservers
-// (by address) and returns the control planes with no apiserver in the
-// endpoints. Needs list on Nodes (admin.conf); without it nothing is named
-// and nothing is missing.
+// and returns the control planes with no apiserver in the endpoints. A
+// control plane's apiserver is the endpoint kubeadm recorded on its
+// kube-apiserver mirror pod (what it advertises, and so what it keeps in
+// the endpoints); the Node's own addresses are used only for a node with
+// no such pod of its own: the kubelet's InternalIP need not be the address
+// the apiserver advertises (a host with IPv6 router advertisements gives
+// the kubelet an IPv6 address beside the IPv4 one kubeadm advertises).
+// Needs list on Nodes and kube-system pods (admin.conf); without it
+// nothing is named and nothing is missing.
 func nameControlPlanes(ctx context.Context, admin *kube.Client, servers []apiserver) (missing []string, err error) {
 	nodes, err := admin.ControlPlaneNodes(ctx)
 	if err != nil {
 		return nil, err
 	}
-	byIP := map[string]int{}
+	advertised, err := admin.AdvertisedAPIServers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	byEndpoint, byHost := map[string]int{}, map[string]int{}
 	for i, a := range servers {
-		if host, _, err := net.SplitHostPort(a.Addr); err == nil {
-			byIP[host] = i
+		if ep, ok := kube.CanonicalEndpoint(a.Addr); ok {
+			byEndpoint[ep] = i
+			host, _, _ := net.SplitHostPort(ep)
+			byHost[host] = i
 		}
 	}
 	for _, n := range nodes {
-		if i, ok := byIP[n.IP]; ok && n.IP != "" {
+		i, ok := 0, false
+		if a, found := advertised[n.Name]; found && (a.NodeUID == "" || n.UID == "" || a.NodeUID == n.UID) {
+			i, ok = byEndpoint[a.Endpoint]
+		} else {
+			for _, addr := range n.Addresses {
+				if ip := net.ParseIP(addr); ip != nil {
+					if i, ok = byHost[ip.String()]; ok {
+						break
+					}
+				}
+			}
+		}
+		if ok {
 			servers[i].Node = n.Name
 			continue
 		}

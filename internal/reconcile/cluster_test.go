@@ -153,6 +153,63 @@ func TestApplyWaitsForLaggingControlPlanes(t *testing.T) {
 	}
 }
 
+// A control plane's apiserver is the endpoint kubeadm recorded on its
+// mirror pod, not the Node's address: on a host with IPv6 router
+// advertisements (QEMU's user network, a LAN) the kubelet took an IPv6
+// InternalIP while the apiserver advertises its IPv4 address, and the gate
+// called the node's own apiserver missing until its budget ran out (the
+// Kairos VM test).
+func TestApplyFindsEachAPIServerByWhatItAdvertises(t *testing.T) {
+	const ipv6 = "fec0::5054:ff:fe12:3456"
+	for _, tc := range []struct {
+		name  string
+		setup func(e *env)
+		want  string // "" an apply; else the gate's failure names it
+	}{
+		{"the Node's InternalIP is not the advertised address", func(e *env) {
+			e.api.SetControlPlaneNode("n1", ipv6)
+			e.api.SetAPIServerPod("n1", e.api.Addr())
+		}, ""},
+		{"an IPv6 endpoint written another way", func(e *env) {
+			e.api.SetControlPlaneNode("n1", "10.0.0.11")
+			e.api.SetAPIServers("[0:0::1]:1", e.api.Addr()) // port 1 on ::1: refused at once
+			e.api.SetNode("cp2", "v1.36.3", true)
+			e.api.SetControlPlaneNode("cp2", "10.0.0.12")
+			e.api.SetAPIServerPod("cp2", "[::0:1]:1")
+			e.api.SetAPIServerPod("n1", e.api.Addr())
+		}, "cp2 ([0:0::1]:1): version unknown"},
+		// What it advertises decides: its address elsewhere in the
+		// endpoints is not its apiserver.
+		{"the advertised endpoint is not in the endpoints", func(e *env) {
+			e.api.SetControlPlaneNode("n1", "127.0.0.1")
+			e.api.SetAPIServerPod("n1", "10.0.0.11:6443")
+		}, "n1: no apiserver in the kubernetes endpoints (down?)"},
+		// A mirror pod left by an earlier Node of that name says nothing
+		// of this one: its addresses are used.
+		{"the mirror pod of an earlier Node", func(e *env) {
+			e.api.SetControlPlaneNode("n1", ipv6)
+			e.api.SetAPIServerPod("n1", e.api.Addr())
+			e.api.SetNodeUID("n1", "uid-of-the-node-after-a-reset")
+		}, "n1: no apiserver in the kubernetes endpoints (down?)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "")
+			tc.setup(e)
+			res := e.run(Steps{})
+			if tc.want == "" {
+				if res.ExitCode != ExitOK || !reflect.DeepEqual(e.lines(), applyLines) {
+					t.Fatalf("exit %d %v, ran %q\n%s", res.ExitCode, res.Err, e.lines(), e.logBuf.String())
+				}
+				return
+			}
+			st := e.status(t)
+			if res.ExitCode != ExitFailed || len(e.lines()) != 0 || st.Reason != ReasonHealthGateTimeout || !strings.Contains(st.Message, tc.want) {
+				t.Fatalf("exit %d, ran %q, status %+v, want %q", res.ExitCode, e.lines(), st, tc.want)
+			}
+		})
+	}
+}
+
 // After the last control plane's upgrade node, kube-proxy and CoreDNS must
 // run the versions the target kubeadm deploys, rolled out and available.
 func TestLastControlPlaneVerifiesTheAddons(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path"
@@ -64,6 +65,7 @@ type API struct {
 	serverVersion string
 	apiservers    []string
 	workloads     map[string]any // "daemonsets/NAME" or "deployments/NAME" in kube-system
+	pods          []corev1.Pod   // what a list of kube-system pods gives
 	events        []corev1.Event
 	srv           *httptest.Server
 }
@@ -159,6 +161,37 @@ func (a *API) SetControlPlaneNode(name, ip string) {
 	}
 	n.Labels["node-role.kubernetes.io/control-plane"] = ""
 	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
+}
+
+// SetNodeUID gives a Node another uid (the Node deleted and registered
+// again, as after a reset and join).
+func (a *API) SetNodeUID(name, uid string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.node(name).UID = types.UID(uid)
+}
+
+// SetAPIServerPod adds the mirror pod of the kube-apiserver static pod
+// kubeadm writes on a control plane, with the endpoint ("ip:port") it
+// advertises in kubeadm's annotation.
+func (a *API) SetAPIServerPod(node, endpoint string) {
+	ctrl := true
+	a.AddPod(corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-apiserver-" + node, Namespace: "kube-system",
+			Labels: map[string]string{"component": "kube-apiserver", "tier": "control-plane"},
+			Annotations: map[string]string{"kubernetes.io/config.mirror": "0123456789abcdef",
+				"kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint": endpoint},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node, UID: NodeUID(node), Controller: &ctrl}}},
+		Spec: corev1.PodSpec{NodeName: node},
+	})
+}
+
+// AddPod adds a pod to what a list of kube-system pods gives (a list's
+// labelSelector of "k=v" terms is applied).
+func (a *API) AddPod(p corev1.Pod) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pods = append(a.pods, p)
 }
 
 // SetNodeAnnotations merges annotations into a Node's (as another node's
@@ -313,7 +346,7 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 		// cluster they share 6443 and one subset lists every address).
 		var subs []corev1.EndpointSubset
 		for _, ad := range addrs {
-			host, port, _ := strings.Cut(ad, ":")
+			host, port, _ := net.SplitHostPort(ad)
 			p := 0
 			fmt.Sscan(port, &p)
 			subs = append(subs, corev1.EndpointSubset{Addresses: []corev1.EndpointAddress{{IP: host}},
@@ -424,6 +457,14 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		_, _ = w.Write([]byte("ok"))
+	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/namespaces/kube-system/pods":
+		list := corev1.PodList{TypeMeta: metav1.TypeMeta{Kind: "PodList", APIVersion: "v1"}}
+		for _, p := range a.pods {
+			if matches(p.Labels, r.URL.Query().Get("labelSelector")) {
+				list.Items = append(list.Items, p)
+			}
+		}
+		_ = json.NewEncoder(w).Encode(list)
 	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/api/v1/namespaces/kube-system/pods/"):
 		var p *corev1.Pod
 		ok := false
@@ -470,6 +511,20 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 	default:
 		status(w, http.StatusNotFound, "not served by the test API: "+r.Method+" "+r.URL.Path)
 	}
+}
+
+// matches applies a labelSelector of "k=v" terms joined by commas.
+func matches(labels map[string]string, selector string) bool {
+	for _, term := range strings.Split(selector, ",") {
+		if term == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(term, "=")
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
 }
 
 // storable: the collections the API stores objects in.
