@@ -423,8 +423,8 @@ func checkBoot(t *testing.T, what string, rep report, mode string, e images.Mino
 	case want.refusal != "" && (len(pl.Actions) != 0 || pl.Verdict != "refuse"):
 		t.Errorf("%s: plan's verdict %q with actions %v, want a refusal before anything runs", what, pl.Verdict, pl.Actions)
 	case want.refusal == "" && (st.Phase != "Converged" || st.NodeVersion != want.version || pl.Verdict != "none"):
-		t.Errorf("%s: phase %q at %q (%q), plan's verdict %q with actions %v, want converged at %s with nothing left to do\nreconcile log:\n%s\nkubectl get nodes,pods:\n%s",
-			what, st.Phase, st.NodeVersion, st.Message, pl.Verdict, pl.Actions, want.version, rep.blob(t, "reconcile-log"), rep.blob(t, "kube"))
+		t.Errorf("%s: phase %q at %q (%q), plan's verdict %q with actions %v, want converged at %s with nothing left to do\nreconcile log:\n%s\nkubectl get nodes,pods:\n%s\nDNS:\n%s",
+			what, st.Phase, st.NodeVersion, st.Message, pl.Verdict, pl.Actions, want.version, rep.blob(t, "reconcile-log"), rep.blob(t, "kube"), rep.blob(t, "dns"))
 	}
 	// pin reads the pin where Kairos keeps it (/oem, root:admin 0770 on a
 	// real node).
@@ -433,7 +433,7 @@ func checkBoot(t *testing.T, what string, rep report, mode string, e images.Mino
 	}
 	t.Logf("%s: mode %s, bundled %s, phase %s at %q, refusal %q (plan: %s %q)", what, mode, st.Bundled, st.Phase, st.NodeVersion, st.Refusal, pl.Verdict, pl.Refusal)
 	if want.refusal == "" {
-		t.Logf("%s: the pass, as it logged it:\n%s\nthe cluster:\n%s", what, rep.blob(t, "reconcile-log"), rep.blob(t, "kube"))
+		t.Logf("%s: the pass, as it logged it:\n%s\nthe cluster:\n%s\nDNS:\n%s", what, rep.blob(t, "reconcile-log"), rep.blob(t, "kube"), rep.blob(t, "dns"))
 	}
 	// The pass ran once, after Kairos's boot stage.
 	inv := map[string]bool{}
@@ -560,6 +560,7 @@ blob node sh -c 'echo ip_forward=$(cat /proc/sys/net/ipv4/ip_forward); [ -d /sys
 blob mounts findmnt -rn -o TARGET,SOURCE,FSTYPE
 blob failed systemctl --failed --no-legend
 blob kube sh -c '[ -e /etc/kubernetes/admin.conf ] && kubectl --kubeconfig /etc/kubernetes/admin.conf get nodes,pods -A -o wide --request-timeout=60s' 
+blob dns sh -c 'echo "# /etc/resolv.conf"; cat /etc/resolv.conf; echo "# the kubelet's resolvConf"; grep -h resolvConf /var/lib/kubelet/config.yaml; grep -h resolv-conf /var/lib/kubelet/kubeadm-flags.env; [ -e /etc/kubernetes/admin.conf ] && { echo "# CoreDNS (the last run that ended)"; kubectl --kubeconfig /etc/kubernetes/admin.conf -n kube-system logs -l k8s-app=kube-dns --previous --tail=20 --request-timeout=30s; echo "# CoreDNS (now)"; kubectl --kubeconfig /etc/kubernetes/admin.conf -n kube-system logs -l k8s-app=kube-dns --tail=20 --request-timeout=30s; }'
 blob markers sh -c 'for p in ` + "MARKERS" + `; do [ -f "$p/.pk-test-marker" ] && echo "$p kept" || echo "$p lost"; done'
 if [ -e $S/write-markers ]; then
   for p in ` + "MARKERS" + `; do mkdir -p "$p" && echo marker > "$p/.pk-test-marker"; done
