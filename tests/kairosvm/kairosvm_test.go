@@ -542,7 +542,7 @@ func installConfig(t *testing.T, page *docs.Page, e images.MinorEntry) []byte {
 const probe = `#!/bin/sh
 R=/dev/ttyS1
 S=/run/pk-test
-blob() { n=$1; shift; printf 'PKB %s %s\n' "$n" "$("$@" 2>&1 | base64 -w0)" > $R; }
+blob() { n=$1; shift; printf 'PKB %s %s\n' "$n" "$(timeout 300 "$@" 2>&1 </dev/null | base64 -w0)" > $R; }
 echo "PK start" > $R
 timeout 1500 systemctl is-system-running --wait >/dev/null 2>&1
 blob state systemctl is-system-running
@@ -560,7 +560,7 @@ blob node sh -c 'echo ip_forward=$(cat /proc/sys/net/ipv4/ip_forward); [ -d /sys
 blob mounts findmnt -rn -o TARGET,SOURCE,FSTYPE
 blob failed systemctl --failed --no-legend
 blob kube sh -c '[ -e /etc/kubernetes/admin.conf ] && kubectl --kubeconfig /etc/kubernetes/admin.conf get nodes,pods -A -o wide --request-timeout=60s' 
-blob dns sh -c 'echo "# /etc/resolv.conf"; cat /etc/resolv.conf; echo "# the kubelet's resolvConf"; grep -h resolvConf /var/lib/kubelet/config.yaml; grep -h resolv-conf /var/lib/kubelet/kubeadm-flags.env; [ -e /etc/kubernetes/admin.conf ] && { echo "# CoreDNS (the last run that ended)"; kubectl --kubeconfig /etc/kubernetes/admin.conf -n kube-system logs -l k8s-app=kube-dns --previous --tail=20 --request-timeout=30s; echo "# CoreDNS (now)"; kubectl --kubeconfig /etc/kubernetes/admin.conf -n kube-system logs -l k8s-app=kube-dns --tail=20 --request-timeout=30s; }'
+blob dns sh -c 'echo "# /etc/resolv.conf"; cat /etc/resolv.conf; echo "# the resolvConf of the kubelet"; grep -h resolvConf /var/lib/kubelet/config.yaml; grep -h resolv-conf /var/lib/kubelet/kubeadm-flags.env; [ -e /etc/kubernetes/admin.conf ] && { echo "# CoreDNS (the last run that ended)"; kubectl --kubeconfig /etc/kubernetes/admin.conf -n kube-system logs -l k8s-app=kube-dns --previous --tail=20 --request-timeout=30s; echo "# CoreDNS (now)"; kubectl --kubeconfig /etc/kubernetes/admin.conf -n kube-system logs -l k8s-app=kube-dns --tail=20 --request-timeout=30s; }'
 blob markers sh -c 'for p in ` + "MARKERS" + `; do [ -f "$p/.pk-test-marker" ] && echo "$p kept" || echo "$p lost"; done'
 if [ -e $S/write-markers ]; then
   for p in ` + "MARKERS" + `; do mkdir -p "$p" && echo marker > "$p/.pk-test-marker"; done
