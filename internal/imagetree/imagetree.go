@@ -449,9 +449,11 @@ func fileOK(p string) bool {
 	return err == nil && st.Mode().IsRegular()
 }
 
-// goBuildLocal builds a package of this module (static, trimmed).
+// goBuildLocal builds a package of this module (static, trimmed, without
+// the VCS stamp whatever GOFLAGS says: the same source gives the same
+// binary, so a commit that changes no code changes no image).
 func goBuildLocal(ctx context.Context, srcDir, pkg, ldflags, out string) (string, error) {
-	cmd := exec.CommandContext(ctx, goBin(), "build", "-trimpath", "-tags", testbin.ProviderTags, "-ldflags", ldflags, "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, goBin(), "build", "-trimpath", "-buildvcs=false", "-tags", testbin.ProviderTags, "-ldflags", ldflags, "-o", out, pkg)
 	cmd.Dir = srcDir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {

@@ -3,6 +3,7 @@ package imagetree
 import (
 	"bytes"
 	"context"
+	"debug/buildinfo"
 	"fmt"
 	"log/slog"
 	"os"
@@ -74,6 +75,7 @@ func TestProviderWindowMatchesVersionsYAML(t *testing.T) {
 		minors = append(minors, e.Minor)
 	}
 	src, _ := FindSourceDir()
+	t.Setenv("GOFLAGS", "-buildvcs=auto") // go's default (this machine sets false): a clone stamps its commit
 	bin, err := goBuildLocal(context.Background(), src, "./cmd/provider-kubernetes", "-s -w", filepath.Join(t.TempDir(), "p"))
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +86,17 @@ func TestProviderWindowMatchesVersionsYAML(t *testing.T) {
 	}
 	if want := "release " + m.Release + ", Kubernetes " + strings.Join(minors, ", ") + ")"; !strings.Contains(string(out), want) {
 		t.Fatalf("provider says %q, versions.yaml %q", out, want)
+	}
+	// Built from the source alone: no VCS stamp (the commit, a dirty tree),
+	// which would make every commit a new binary and a new image.
+	info, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range info.Settings {
+		if strings.HasPrefix(s.Key, "vcs") {
+			t.Errorf("the provider binary carries %s=%s: the image would change with every commit", s.Key, s.Value)
+		}
 	}
 }
 
