@@ -374,6 +374,9 @@ type outcome struct {
 // stand-in for the CNI DaemonSet install.md has an operator apply, which
 // needs images this machine cannot pull. Without a CNI the Node stays
 // NotReady and CoreDNS pending, which the pass's add-on check would wait on.
+// It also gives the guest a nameserver (QEMU's, 10.0.2.3): the guest's
+// resolved knows none, and CoreDNS's `forward . /etc/resolv.conf` then
+// refuses to start ("no nameservers found"), crash-looping.
 const cniStage = `cat > /oem/95_pk_test_cni.yaml <<'EOF'
 #cloud-config
 stages:
@@ -387,6 +390,13 @@ stages:
              {"type":"bridge","bridge":"cni0","isGateway":true,"ipMasq":true,"hairpinMode":true,
               "ipam":{"type":"host-local","ranges":[[{"subnet":"10.244.0.0/24"}]],"routes":[{"dst":"0.0.0.0/0"}]}},
              {"type":"portmap","capabilities":{"portMappings":true}}]}
+        - path: /etc/systemd/resolved.conf.d/90-pk-test.conf
+          permissions: 0644
+          content: |
+            [Resolve]
+            DNS=10.0.2.3
+      commands:
+        - systemctl restart systemd-resolved
 EOF`
 
 // checkBoot asserts what one boot's probe reported.
@@ -519,6 +529,28 @@ func installConfig(t *testing.T, page *docs.Page, e images.MinorEntry) []byte {
 	if !ok || inst["source"] != "oci:"+guestRegistry+"/provider-kubernetes:"+e.ImageTag {
 		t.Fatalf("docs/install.md's install config does not install the %s image: %v", e.Minor, doc["install"])
 	}
+	// kubeadm's own API-call retries last a minute (timeouts.kubernetesAPICall);
+	// under TCG the first apiserver answers slower than that (an init
+	// failed creating its admin ClusterRoleBinding): the guest's kubeadm
+	// gets more time, as an operator of a slow machine would give it.
+	cl, _ := doc["cluster"].(map[string]any)
+	kcfg, _ := cl["config"].(string)
+	var kdocs map[string]any
+	if err := yaml.Unmarshal([]byte(kcfg), &kdocs); err != nil || kdocs == nil {
+		t.Fatalf("docs/install.md's cluster config: %v", err)
+	}
+	slow := map[string]any{"kubernetesAPICall": "5m", "controlPlaneComponentHealthCheck": "10m", "upgradeManifests": "10m"}
+	initDoc, _ := kdocs["initConfiguration"].(map[string]any)
+	if initDoc == nil {
+		t.Fatal("docs/install.md's cluster config has no initConfiguration")
+	}
+	initDoc["timeouts"] = map[string]any{"kubernetesAPICall": slow["kubernetesAPICall"], "controlPlaneComponentHealthCheck": slow["controlPlaneComponentHealthCheck"]}
+	kdocs["upgradeConfiguration"] = map[string]any{"timeouts": slow}
+	kb, err := yaml.Marshal(kdocs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl["config"] = string(kb)
 	inst["allow-insecure-registries"] = true
 	inst["grub_options"] = map[string]any{"extra_cmdline": "console=ttyS0,115200 systemd.journald.forward_to_console=1"}
 	doc["stages"] = map[string]any{"network": []any{map[string]any{
