@@ -573,6 +573,23 @@ func (p PodInfo) OfNode(uid string) bool {
 	return p.NodeUID == "" || uid == "" || p.NodeUID == uid
 }
 
+// owners are an object's ownerReferences, as far as the provider reads them.
+type owners []struct {
+	Kind string `json:"kind"`
+	UID  string `json:"uid"`
+}
+
+// node is the uid of the Node that owns a mirror pod ("" when none does).
+func (o owners) node() string {
+	uid := ""
+	for _, r := range o {
+		if r.Kind == "Node" {
+			uid = r.UID
+		}
+	}
+	return uid
+}
+
 // container is the part of a pod template's container the provider reads.
 type container struct {
 	Name  string `json:"name"`
@@ -583,10 +600,7 @@ type container struct {
 func (c *Client) Pod(ctx context.Context, namespace, name string) (PodInfo, error) {
 	var p struct {
 		Metadata struct {
-			OwnerReferences []struct {
-				Kind string `json:"kind"`
-				UID  string `json:"uid"`
-			} `json:"ownerReferences"`
+			OwnerReferences owners `json:"ownerReferences"`
 		} `json:"metadata"`
 		Spec struct {
 			Containers []container `json:"containers"`
@@ -607,12 +621,7 @@ func (c *Client) Pod(ctx context.Context, namespace, name string) (PodInfo, erro
 	if len(p.Spec.Containers) == 0 {
 		return PodInfo{}, fmt.Errorf("pod %s/%s has no container", namespace, name)
 	}
-	pi := PodInfo{Image: p.Spec.Containers[0].Image}
-	for _, o := range p.Metadata.OwnerReferences {
-		if o.Kind == "Node" {
-			pi.NodeUID = o.UID
-		}
-	}
+	pi := PodInfo{Image: p.Spec.Containers[0].Image, NodeUID: p.Metadata.OwnerReferences.node()}
 	for _, cs := range p.Status.ContainerStatuses {
 		if cs.Name == p.Spec.Containers[0].Name {
 			pi.Running = cs.State.Running != nil
@@ -871,10 +880,7 @@ func (c *Client) AdvertisedAPIServers(ctx context.Context) (map[string]Advertise
 		Metadata struct {
 			Name            string            `json:"name"`
 			Annotations     map[string]string `json:"annotations"`
-			OwnerReferences []struct {
-				Kind string `json:"kind"`
-				UID  string `json:"uid"`
-			} `json:"ownerReferences"`
+			OwnerReferences owners            `json:"ownerReferences"`
 		} `json:"metadata"`
 		Spec struct {
 			NodeName string `json:"nodeName"`
@@ -898,14 +904,8 @@ func (c *Client) AdvertisedAPIServers(ctx context.Context) (map[string]Advertise
 		if !ok {
 			continue
 		}
-		a := Advertised{Endpoint: ep}
-		for _, o := range m.OwnerReferences {
-			if o.Kind == "Node" {
-				a.NodeUID = o.UID
-			}
-		}
 		seen[p.Spec.NodeName]++
-		out[p.Spec.NodeName] = a
+		out[p.Spec.NodeName] = Advertised{Endpoint: ep, NodeUID: m.OwnerReferences.node()}
 	}
 	for n, count := range seen {
 		if count > 1 {
