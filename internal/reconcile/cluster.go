@@ -58,6 +58,18 @@ func behind(servers []apiserver, missing []string, lo, hi version.Version) []str
 	return out
 }
 
+// older reports a control plane behind target for certain: an apiserver
+// serving an older version, or a control plane with none in the endpoints
+// (down). One not Ready, or whose version is unknown, is not.
+func older(servers []apiserver, missing []string, target version.Version) bool {
+	for _, a := range servers {
+		if !a.Version.IsZero() && a.Version.Less(target) {
+			return true
+		}
+	}
+	return len(missing) > 0
+}
+
 // apiservers asks every apiserver of the kubernetes endpoints for its
 // version and readiness (each request bounded by the client's timeout).
 func apiservers(ctx context.Context, client *kube.Client) ([]apiserver, error) {

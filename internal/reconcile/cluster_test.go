@@ -240,6 +240,26 @@ func TestLastControlPlaneVerifiesTheAddons(t *testing.T) {
 			t.Fatalf("exit %d status %+v", res.ExitCode, st)
 		}
 	})
+	// An apiserver not Ready (or not answering) says nothing of which
+	// control plane is last: the Kairos VM's pass, under load, once took
+	// it for "not the last" and left a crash-looping CoreDNS unchecked.
+	t.Run("the apiserver unready once the add-ons were found behind", func(t *testing.T) {
+		e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
+		bundle(e)
+		e.api.SetDaemonSet("kube-proxy", "registry.k8s.io/kube-proxy:v1.37.2", 4, 0, 4, 3)
+		e.api.SetDeployment("coredns", "registry.k8s.io/coredns/coredns:v1.14.6", 2, 2, 2, 2)
+		e.api.OnRequest = func(int) {
+			if p := e.api.Paths(); strings.HasSuffix(p[len(p)-1], "/daemonsets/kube-proxy") {
+				e.api.SetNotReady(true)
+			}
+		}
+		res := e.run(Steps{})
+		st := e.status(t)
+		if res.ExitCode != ExitFailed || st.Reason != ReasonHealthGateTimeout {
+			t.Fatalf("exit %d status %+v\n%s", res.ExitCode, st, e.logBuf.String())
+		}
+		e.logHas(t, "msg="+EventAddons, "outcome=failed")
+	})
 	t.Run("not the last control plane: nothing checked", func(t *testing.T) {
 		e := newEnv(t, "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "")
 		bundle(e)

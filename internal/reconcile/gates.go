@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/kairos-io/provider-kubernetes/internal/kube"
@@ -204,9 +205,15 @@ func (p *pass) verifyAddons(ctx context.Context, target version.Version, start t
 		if err != nil {
 			return false, err
 		}
+		last = false
 		if lag := behind(servers, missing, target, target); len(lag) > 0 {
-			// Not the last control plane: the add-ons move with the last one.
-			return true, nil
+			if older(servers, missing, target) {
+				// Not the last control plane: the add-ons move with the last one.
+				return true, nil
+			}
+			// An apiserver not Ready or not answering says nothing of
+			// which control plane is last: ask again.
+			return false, fmt.Errorf("apiservers: %s", strings.Join(lag, "; "))
 		}
 		last = true
 		notes, err = addonsAt(ctx, admin, proxyTag, corednsTag)
