@@ -869,6 +869,11 @@ type Advertised struct {
 	NodeUID  string // the Node the mirror pod belongs to, when it says
 }
 
+// OfNode: the mirror pod's owner, when it names one, is the Node of uid
+// (PodInfo.OfNode's rule: a pod left by an earlier Node of that name says
+// nothing of this one).
+func (a Advertised) OfNode(uid string) bool { return PodInfo{NodeUID: a.NodeUID}.OfNode(uid) }
+
 // AdvertisedAPIServers maps each node to the endpoint its kube-apiserver
 // advertises, read from the mirror pods of kubeadm's kube-apiserver static
 // pod in kube-system (labels component=kube-apiserver,tier=control-plane,

@@ -106,8 +106,8 @@ func apiservers(ctx context.Context, client *kube.Client) ([]apiserver, error) {
 // no such pod of its own: the kubelet's InternalIP need not be the address
 // the apiserver advertises (a host with IPv6 router advertisements gives
 // the kubelet an IPv6 address beside the IPv4 one kubeadm advertises).
-// Needs list on Nodes and kube-system pods (admin.conf); without it
-// nothing is named and nothing is missing.
+// Needs list on Nodes and kube-system pods (admin.conf): without it, the
+// error.
 func nameControlPlanes(ctx context.Context, admin *kube.Client, servers []apiserver) (missing []string, err error) {
 	nodes, err := admin.ControlPlaneNodes(ctx)
 	if err != nil {
@@ -127,7 +127,7 @@ func nameControlPlanes(ctx context.Context, admin *kube.Client, servers []apiser
 	}
 	for _, n := range nodes {
 		i, ok := 0, false
-		if a, found := advertised[n.Name]; found && (a.NodeUID == "" || n.UID == "" || a.NodeUID == n.UID) {
+		if a, found := advertised[n.Name]; found && a.OfNode(n.UID) {
 			i, ok = byEndpoint[a.Endpoint]
 		} else {
 			for _, addr := range n.Addresses {
