@@ -73,6 +73,11 @@ const (
 	guestRegistry = "10.0.2.100:5000"
 	guestHTTP     = "10.0.2.100:8080"
 	guestAddr     = "10.0.2.15"
+	// guestDNS is QEMU's user-network nameserver. Its DHCP does not hand
+	// it out under restrict=on, so the guest knows it only from the
+	// install config's resolved drop-in (docs/install.md); CoreDNS needs
+	// one listed to start, not one that answers.
+	guestDNS = "10.0.2.3"
 	// pin is bundled by neither image: the 1.36 image refuses it as newer
 	// than its kubeadm (PinNewerThanImage), the 1.37 image as not its
 	// exact version (PinImageMismatch: a new node bootstraps at exactly
@@ -102,6 +107,44 @@ const (
 	installBudget = 35 * time.Minute
 	bootBudget    = 30 * time.Minute
 )
+
+// TestInstallConfig checks, without a VM, the install config the VM test
+// gives Kairos: the page's own stages (its nameserver) kept beside the
+// probe's launcher, its placeholders filled.
+func TestInstallConfig(t *testing.T) {
+	page, err := docs.Open("install.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Stages map[string][]struct {
+			Directories []struct {
+				Path        string
+				Permissions uint32
+			}
+			Files    []struct{ Path, Content string }
+			Commands []string
+		}
+	}
+	if err := yaml.Unmarshal(installConfig(t, page, entry(t, "1.36")), &doc); err != nil {
+		t.Fatal(err)
+	}
+	var dirOK, dnsOK bool
+	for _, st := range doc.Stages["initramfs"] {
+		for _, d := range st.Directories {
+			dirOK = dirOK || d.Path == "/etc/systemd/resolved.conf.d" && d.Permissions == 0o755
+		}
+		for _, f := range st.Files {
+			dnsOK = dnsOK || strings.HasPrefix(f.Path, "/etc/systemd/resolved.conf.d/") && strings.Contains(f.Content, "DNS="+guestDNS+"\n")
+		}
+	}
+	if !dirOK || !dnsOK {
+		t.Errorf("the install config's initramfs stage: resolved.conf.d made 0755 %v, DNS=%s written into it %v: %+v", dirOK, guestDNS, dnsOK, doc.Stages["initramfs"])
+	}
+	if n := len(doc.Stages["network"]); n != 1 || !strings.Contains(strings.Join(doc.Stages["network"][0].Commands, " "), "probe.sh") {
+		t.Errorf("the install config's network stage is not the probe's launcher: %+v", doc.Stages["network"])
+	}
+}
 
 func TestKairosNode(t *testing.T) {
 	if testing.Short() {
@@ -374,9 +417,6 @@ type outcome struct {
 // stand-in for the CNI DaemonSet install.md has an operator apply, which
 // needs images this machine cannot pull. Without a CNI the Node stays
 // NotReady and CoreDNS pending, which the pass's add-on check would wait on.
-// It also gives the guest a nameserver (QEMU's, 10.0.2.3): the guest's
-// resolved knows none, and CoreDNS's `forward . /etc/resolv.conf` then
-// refuses to start ("no nameservers found"), crash-looping.
 const cniStage = `cat > /oem/95_pk_test_cni.yaml <<'EOF'
 #cloud-config
 stages:
@@ -390,13 +430,6 @@ stages:
              {"type":"bridge","bridge":"cni0","isGateway":true,"ipMasq":true,"hairpinMode":true,
               "ipam":{"type":"host-local","ranges":[[{"subnet":"10.244.0.0/24"}]],"routes":[{"dst":"0.0.0.0/0"}]}},
              {"type":"portmap","capabilities":{"portMappings":true}}]}
-        - path: /etc/systemd/resolved.conf.d/90-pk-test.conf
-          permissions: 0644
-          content: |
-            [Resolve]
-            DNS=10.0.2.3
-      commands:
-        - systemctl restart systemd-resolved
 EOF`
 
 // checkBoot asserts what one boot's probe reported.
@@ -405,6 +438,11 @@ func checkBoot(t *testing.T, what string, rep report, mode string, e images.Mino
 	// Kairos booted the expected slot through immucore.
 	if got := strings.TrimSpace(rep.blob(t, "mode")); got != mode {
 		t.Errorf("%s: booted %q, want %s (/run/cos/*_mode)", what, got, mode)
+	}
+	// The install config's nameserver (docs/install.md, 4.) reached
+	// resolved, whose file is the kubelet's resolvConf.
+	if !regexp.MustCompile(`(?m)^nameserver ` + regexp.QuoteMeta(guestDNS) + `$`).MatchString(rep.blob(t, "dns")) {
+		t.Errorf("%s: resolv.conf lists no nameserver %s (docs/install.md's resolved drop-in):\n%s", what, guestDNS, rep.blob(t, "dns"))
 	}
 	rel := kairosimage.ParseRelease(rep.blob(t, "kairos-release"))
 	if rel["KAIROS_SOFTWARE_VERSION"] != e.Kubernetes || rel["KAIROS_SOFTWARE_VERSION_PREFIX"] != "k8s" {
@@ -505,6 +543,7 @@ func installConfig(t *testing.T, page *docs.Page, e images.MinorEntry) []byte {
 		"<registry>":            guestRegistry,
 		"<your public key>":     sshKey(t, pub),
 		"<this node's address>": guestAddr,
+		"<your nameserver>":     guestDNS,
 	}
 	for k, v := range fill {
 		if !strings.Contains(raw, k) {
@@ -553,13 +592,21 @@ func installConfig(t *testing.T, page *docs.Page, e images.MinorEntry) []byte {
 	cl["config"] = string(kb)
 	inst["allow-insecure-registries"] = true
 	inst["grub_options"] = map[string]any{"extra_cmdline": "console=ttyS0,115200 systemd.journald.forward_to_console=1"}
-	doc["stages"] = map[string]any{"network": []any{map[string]any{
+	stages, _ := doc["stages"].(map[string]any)
+	if stages == nil {
+		stages = map[string]any{}
+	}
+	if _, ok := stages["network"]; ok {
+		t.Fatal("docs/install.md's install config has a network stage: the test's probe launcher would replace it")
+	}
+	doc["stages"] = stages
+	stages["network"] = []any{map[string]any{
 		"name": "provider-kubernetes VM test: the probe of the step medium",
 		"if":   "[ -e /run/cos/active_mode ] || [ -e /run/cos/passive_mode ]",
 		"commands": []any{
 			"mkdir -p /run/pk-test && mount -o ro /dev/sr0 /run/pk-test && systemd-run --unit pk-test-probe --no-block /bin/sh /run/pk-test/probe.sh",
 		},
-	}}}
+	}}
 	out, err := yaml.Marshal(doc)
 	if err != nil {
 		t.Fatal(err)
