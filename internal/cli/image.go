@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 
@@ -33,6 +34,25 @@ func cmdMigrateUnits(ctx context.Context, args []string, stdout, stderr io.Write
 		Log: slog.New(slog.NewTextHandler(stderr, nil)),
 	})
 	return res.ExitCode
+}
+
+// imagesStep wires the bundled images' check into the pass, before each
+// kubeadm action: import-images again, with the pass's logger (what
+// containerd holds at the locked digest is only listed, what is missing is
+// verified and imported), and an error naming any image still not there.
+// An image that bundles no images (no lock file) has nothing to check.
+func imagesStep(root paths.Root, run runner.Runner, address string, log *slog.Logger) func(context.Context) error {
+	return func(ctx context.Context) error {
+		ok, err := imageimport.Bundles(root)
+		if err != nil {
+			return fmt.Errorf("the bundled images: %w", err)
+		}
+		if !ok {
+			log.Info("import-images", "outcome", "none", "detail", "the booted image bundles no images (no "+paths.ImageLock+")")
+			return nil
+		}
+		return imageimport.Run(ctx, imageimport.Options{Root: root, Runner: run, Address: address, Log: log}).NotInContainerd()
+	}
 }
 
 func cmdImportImages(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"regexp"
@@ -88,6 +89,46 @@ func (r Result) Outcome() string {
 	default:
 		return "ok"
 	}
+}
+
+// Bundles reports whether the image at root bundles images at all: false,
+// nil when its images directory or its lock file does not exist (an image
+// built without them); any other error opening them is returned.
+func Bundles(root paths.Root) (bool, error) {
+	dir, err := fsutil.OpenDirNoFollow(root.Path("/"), paths.ImagesDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer dir.Close()
+	f, err := fsutil.OpenAtNoFollow(dir, "lock.yaml")
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	f.Close()
+	return true, nil
+}
+
+// NotInContainerd is nil when every image of the lock file is in
+// containerd; otherwise an error naming each one that is not (refused or
+// failed: the run's own lines say why), or why the run could not start.
+func (r Result) NotInContainerd() error {
+	if r.Err != nil {
+		return fmt.Errorf("the bundled images: %w", r.Err)
+	}
+	var refs []string
+	for _, x := range append(append([]Refusal(nil), r.Refused...), r.Failed...) {
+		refs = append(refs, x.Ref)
+	}
+	if len(refs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("bundled images not in containerd: %s (msg=image-refused or msg=image-import-failed says why)", strings.Join(refs, ", "))
 }
 
 // Sentinel reasons a tarball is refused for.

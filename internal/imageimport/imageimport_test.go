@@ -264,3 +264,70 @@ func TestUntrustedLockOrDirectory(t *testing.T) {
 		})
 	}
 }
+
+// What the pass runs before each kubeadm action: an image the kubelet's
+// image GC removed after the boot's import is imported again from the
+// bundle; one whose tarball is gone too is named, with nothing else.
+func TestBeforeKubeadmALostImageIsImportedAgainOrNamed(t *testing.T) {
+	address := testutil.Containerd(t)
+	// An image that bundles nothing has nothing to check.
+	empty := newBundle(t)
+	if ok, err := Bundles(paths.Root(empty.root)); ok || err != nil {
+		t.Fatalf("no lock file: bundles %v, %v", ok, err)
+	}
+	if ok, err := Bundles(paths.Root(t.TempDir())); ok || err != nil {
+		t.Fatalf("no images directory: bundles %v, %v", ok, err)
+	}
+	b := newBundle(t)
+	pause := b.add("registry.k8s.io/pause:3.10.2", "pause_3.10.2.tar", "pause")
+	b.add("registry.k8s.io/etcd:3.7.0-0", "etcd_3.7.0-0.tar", "etcd")
+	b.writeLock()
+	if ok, err := Bundles(paths.Root(b.root)); !ok || err != nil {
+		t.Fatalf("a lock file: bundles %v, %v", ok, err)
+	}
+	// A lock file that is a symlink is not followed, and not taken for none.
+	sym := newBundle(t)
+	if err := os.Symlink(filepath.Join(b.dir(), "lock.yaml"), filepath.Join(sym.dir(), "lock.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := Bundles(paths.Root(sym.root)); err == nil {
+		t.Fatalf("a symlinked lock file: bundles %v, no error", ok)
+	}
+	if res, log := b.run(address, runner.Exec{}, nil); res.NotInContainerd() != nil {
+		t.Fatalf("the boot's import: %v\n%s", res.NotInContainerd(), log)
+	}
+	rm := func(ref string) {
+		t.Helper()
+		if out, err := testutil.Command(t, time.Minute, "ctr", "--address", address, "-n", Namespace, "images", "rm", "--sync", ref).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+	}
+	// Removed from containerd (as the kubelet's image GC removes an image
+	// no container uses): imported again.
+	rm("registry.k8s.io/pause:3.10.2")
+	res, log := b.run(address, runner.Exec{}, nil)
+	if err := res.NotInContainerd(); err != nil || strings.Join(res.Imported, ",") != "registry.k8s.io/pause:3.10.2" {
+		t.Fatalf("%v %+v\n%s", err, res, log)
+	}
+	if got := listed(t, address)["registry.k8s.io/pause:3.10.2"]; got != b.mani["registry.k8s.io/pause:3.10.2"] {
+		t.Fatalf("containerd lists pause at %q", got)
+	}
+	// Removed, and its tarball gone from the image: named.
+	rm("registry.k8s.io/pause:3.10.2")
+	if err := os.Remove(pause); err != nil {
+		t.Fatal(err)
+	}
+	res, log = b.run(address, runner.Exec{}, nil)
+	err := res.NotInContainerd()
+	if err == nil || !strings.Contains(err.Error(), "bundled images not in containerd: registry.k8s.io/pause:3.10.2 (") || strings.Contains(err.Error(), "etcd") {
+		t.Fatalf("%v\n%s", err, log)
+	}
+	// containerd not answering: the run could not start, and says so.
+	down := &runner.Recorder{Reply: func(ctx context.Context, c runner.Cmd) (runner.Result, error) {
+		return runner.Result{ExitCode: 1}, &runner.ExitError{Cmd: c.Short(), Code: 1, Tail: "connection refused"}
+	}}
+	res, _ = b.run(address, down, testutil.NewClock())
+	if err := res.NotInContainerd(); err == nil || !strings.HasPrefix(err.Error(), "the bundled images: ") || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("containerd down: %v", err)
+	}
+}

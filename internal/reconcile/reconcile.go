@@ -71,6 +71,11 @@ const (
 	// ReasonInterrupted: SIGTERM or SIGINT ended the pass (its context was
 	// cancelled, the running command killed with its process group).
 	ReasonInterrupted = "Interrupted"
+	// ReasonImagesMissing: before a kubeadm action, an image the booted
+	// image bundles was not in containerd and could not be imported again,
+	// so kubeadm was not started (it checks no image under
+	// imagePullPolicy Never, and an air-gapped node cannot pull one).
+	ReasonImagesMissing = "BundledImagesMissing"
 )
 
 // ErrLocked is returned when another pass holds the lock.
@@ -89,6 +94,12 @@ type Steps struct {
 	RepairKubelet func(ctx context.Context, obs Observation) ([]string, error)
 	// Bootstrap runs kubeadm init or join for a non-member.
 	Bootstrap func(ctx context.Context, action plan.Action, obs Observation) error
+	// Images runs just before each kubeadm action (init, join, upgrade
+	// apply, upgrade node): the images the booted image bundles must be in
+	// containerd (the kubelet's image GC may have removed one since the
+	// boot's import), imported again if not; its error names those that
+	// are not. nil: not checked.
+	Images func(ctx context.Context) error
 }
 
 // SnapshotReport is what the etcd snapshot step reports.
@@ -456,6 +467,9 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 		if p.Steps.Bootstrap == nil {
 			return ReasonBootstrapUnavailable, errors.New("this build has no bootstrap step: init and join are not available")
 		}
+		if err := p.images(ctx); err != nil {
+			return ReasonImagesMissing, err
+		}
 		return ReasonBootstrapFailed, p.Steps.Bootstrap(ctx, a, obs)
 	case plan.ActionRepairKubelet:
 		if p.Steps.RepairKubelet == nil {
@@ -496,6 +510,9 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 		if c, err := admin.ClusterVersion(ctx); err == nil && c != obs.Facts.Cluster {
 			return ReasonHealthGateTimeout, &clusterMoved{from: obs.Facts.Cluster, to: c}
 		}
+		if err := p.images(ctx); err != nil {
+			return ReasonImagesMissing, err
+		}
 		if err := p.timeForUpgrade(ctx); err != nil {
 			return ReasonNoTimeLeft, err
 		}
@@ -508,6 +525,9 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 			if _, err := p.controlPlaneGate(ctx, obs, pl, false); err != nil {
 				return ReasonHealthGateTimeout, err
 			}
+		}
+		if err := p.images(ctx); err != nil {
+			return ReasonImagesMissing, err
 		}
 		if err := p.timeForUpgrade(ctx); err != nil {
 			return ReasonNoTimeLeft, err
@@ -523,6 +543,14 @@ func (p *pass) step(ctx context.Context, a plan.Action, obs Observation, pl plan
 		return ReasonControlPlaneRestartFailed, p.restartControlPlane(ctx)
 	}
 	return "", fmt.Errorf("unknown action %q", a)
+}
+
+// images runs the Images step, when there is one.
+func (p *pass) images(ctx context.Context) error {
+	if p.Steps.Images == nil {
+		return nil
+	}
+	return p.Steps.Images(ctx)
 }
 
 func (p *pass) repairKubelet(ctx context.Context, obs Observation) error {
