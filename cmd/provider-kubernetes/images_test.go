@@ -10,7 +10,6 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
-	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
 
 // The real binary's pass, on a sandbox worker due for kubeadm upgrade
@@ -20,16 +19,7 @@ import (
 // naming it, and kubeadm never runs.
 func TestThePassChecksTheBundledImagesBeforeKubeadm(t *testing.T) {
 	bin := buildProvider(t)
-	n := testutil.NewNode(t, "n1")
-	n.ClusterFile("worker", "v1.37.2", "")
-	n.Bundle("v1.37.2")
-	api := testutil.NewAPI(t, "v1.37.2")
-	n.Member(api)
-	api.SetNode("n1", "v1.36.3", true)
-	if err := status.Write(n.R(), status.Document{Phase: status.PhaseConverged, Member: true, NodeVersion: "v1.36.3"}); err != nil {
-		t.Fatal(err)
-	}
-	healthyKubelet(t)
+	n := workerDueForUpgradeNode(t)
 	lock, err := imagelock.Lock{Images: []imagelock.Image{{Ref: "registry.k8s.io/pause:3.10.2", File: "pause_3.10.2.tar",
 		SHA256: strings.Repeat("a", 64), Size: 1024, Manifest: "sha256:" + strings.Repeat("b", 64)}}}.Marshal()
 	if err != nil {

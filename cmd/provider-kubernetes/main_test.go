@@ -71,6 +71,24 @@ func healthyKubelet(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 }
 
+// workerDueForUpgradeNode is a sandbox worker at v1.36.3, in a cluster at
+// v1.37.2, with the 1.37.2 image booted and pinned: its pass runs kubeadm
+// upgrade node first.
+func workerDueForUpgradeNode(t *testing.T) *testutil.Node {
+	t.Helper()
+	n := testutil.NewNode(t, "n1")
+	n.ClusterFile("worker", "v1.37.2", "")
+	n.Bundle("v1.37.2")
+	api := testutil.NewAPI(t, "v1.37.2")
+	n.Member(api)
+	api.SetNode("n1", "v1.36.3", true)
+	if err := status.Write(n.R(), status.Document{Phase: status.PhaseConverged, Member: true, NodeVersion: "v1.36.3"}); err != nil {
+		t.Fatal(err)
+	}
+	healthyKubelet(t)
+	return n
+}
+
 // TestSignalEndsAPassPromptly runs the real binary's reconcile pass on a
 // sandbox worker that is due for an upgrade. The first command the pass
 // runs is kubeadm (upgrade node), a stand-in script that starts a
@@ -82,16 +100,7 @@ func TestSignalEndsAPassPromptly(t *testing.T) {
 	bin := buildProvider(t)
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(sig.String(), func(t *testing.T) {
-			n := testutil.NewNode(t, "n1")
-			n.ClusterFile("worker", "v1.37.2", "")
-			n.Bundle("v1.37.2")
-			api := testutil.NewAPI(t, "v1.37.2")
-			n.Member(api)
-			api.SetNode("n1", "v1.36.3", true)
-			if err := status.Write(n.R(), status.Document{Phase: status.PhaseConverged, Member: true, NodeVersion: "v1.36.3"}); err != nil {
-				t.Fatal(err)
-			}
-			healthyKubelet(t)
+			n := workerDueForUpgradeNode(t)
 			pids := t.TempDir()
 			n.Write(paths.Kubeadm, fmt.Sprintf("#!/bin/sh\necho $$ > %[1]s/child.part && mv %[1]s/child.part %[1]s/child\nsleep 600 &\necho $! > %[1]s/grandchild.part && mv %[1]s/grandchild.part %[1]s/grandchild\nwait\n", pids), 0o755)
 
