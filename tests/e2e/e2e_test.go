@@ -736,7 +736,8 @@ func refused(t testing.TB, n *harness.Node, code int, want string, before map[st
 // upgraded asserts the pass that just ran upgraded this first control plane
 // to want: status Converged at want, and exactly one of each step's
 // outcome lines in that pass, the pre-upgrade snapshot's being
-// skipped-encryption-unconfirmed (the nodes' /usr/local is not on dm-crypt).
+// skipped-encryption-unconfirmed (the nodes' /usr/local is not on dm-crypt)
+// and the bundled images' check before kubeadm finding them all present.
 func upgraded(t testing.TB, n *harness.Node, want string) {
 	t.Helper()
 	st := nodeStatus(t, n)
@@ -744,7 +745,9 @@ func upgraded(t testing.TB, n *harness.Node, want string) {
 		t.Fatalf("status %+v, want Converged at %s", st, want)
 	}
 	pass := lastPass(reconcileLog(t, n))
-	for _, line := range []string{"msg=etcd-snapshot outcome=skipped-encryption-unconfirmed", "msg=upgrade-apply outcome=ok",
+	// The bundled images, imported by the boot's import-images, are only
+	// listed again before kubeadm.
+	for _, line := range []string{"msg=etcd-snapshot outcome=skipped-encryption-unconfirmed", "msg=import-images outcome=ok imported=0 present=", "msg=upgrade-apply outcome=ok",
 		"msg=restart-kubelet outcome=ok", "msg=verify outcome=ok", "msg=reconcile-done outcome=converged"} {
 		if k := strings.Count(pass, line); k != 1 {
 			t.Fatalf("the upgrade pass to %s has %d %q lines, want 1:\n%s", want, k, line, pass)
