@@ -122,7 +122,7 @@ func (r Result) NotInContainerd() error {
 		return fmt.Errorf("the bundled images: %w", r.Err)
 	}
 	var refs []string
-	for _, x := range append(append([]Refusal(nil), r.Refused...), r.Failed...) {
+	for _, x := range slices.Concat(r.Refused, r.Failed) {
 		refs = append(refs, x.Ref)
 	}
 	if len(refs) == 0 {
