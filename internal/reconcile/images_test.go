@@ -18,21 +18,21 @@ import (
 func TestKubeadmRunsOnlyWithTheBundledImages(t *testing.T) {
 	const lost = "bundled images not in containerd: registry.k8s.io/etcd:3.7.0-0"
 	cases := []struct {
-		name                                string
-		role, pin, bundled, nodeV, clusterV string
-		action                              string
-		want                                []string // the commands when the images are there
+		name                  string
+		role, nodeV, clusterV string // the pin and the image at v1.37.2
+		action                string
+		want                  []string // the commands when the images are there
 	}{
-		{"init", "init", "v1.37.2", "v1.37.2", "", "", "init", nil},
-		{"join", "controlplane", "v1.37.2", "v1.37.2", "", "", "join", nil},
-		{"upgrade apply", "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.36.3", "upgrade-apply", applyLines},
-		{"upgrade node, a follower", "controlplane", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "upgrade-node", nodeLines},
-		{"upgrade node, a worker", "worker", "v1.37.2", "v1.37.2", "v1.36.3", "v1.37.2", "upgrade-node", nodeLines},
+		{"init", "init", "", "", "init", nil},
+		{"join", "controlplane", "", "", "join", nil},
+		{"upgrade apply", "controlplane", "v1.36.3", "v1.36.3", "upgrade-apply", applyLines},
+		{"upgrade node, a follower", "controlplane", "v1.36.3", "v1.37.2", "upgrade-node", nodeLines},
+		{"upgrade node, a worker", "worker", "v1.36.3", "v1.37.2", "upgrade-node", nodeLines},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			for _, missing := range []bool{false, true} {
-				e := newEnv(t, c.role, c.pin, c.bundled, c.nodeV, c.clusterV, "")
+				e := newEnv(t, c.role, "v1.37.2", "v1.37.2", c.nodeV, c.clusterV, "")
 				if c.role == "worker" {
 					e.api.SetNode("n1", c.nodeV, true)
 				}
