@@ -40,21 +40,21 @@ func NodeFiles(pauseRef string) ([]File, error) {
 	if pauseRef == "" || strings.ContainsAny(pauseRef, "\"\\\n") {
 		return nil, fmt.Errorf("node files: the pause image reference is empty or not a plain reference")
 	}
-	containerd := `version = 2
+	containerd := `version = 3
 
-# provider-kubernetes: the node's containerd (system/node.go). The sandbox
-# image is the pause image this image bundles and imports; the node never
-# pulls it.
+# provider-kubernetes: the node's containerd (system/node.go), containerd 2's
+# config. The sandbox image is the pause image this image bundles and
+# imports; the node never pulls it.
 [plugins]
-  [plugins."io.containerd.grpc.v1.cri"]
-    sandbox_image = "` + pauseRef + `"
-    [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = "` + CNIPluginDir + `"
-      conf_dir = "/etc/cni/net.d"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = true
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "` + pauseRef + `"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["` + CNIPluginDir + `"]
+    conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+      SystemdCgroup = true
 `
 	var tmp strings.Builder
 	tmp.WriteString("# provider-kubernetes: Debian's CNI plugins where CNI installers and containerd look.\n")

@@ -37,6 +37,7 @@ const EtcUnitDir = "/etc/systemd/system"
 // Unit names.
 const (
 	Kubelet       = "kubelet.service"
+	Containerd    = "containerd.service"
 	Reconcile     = "provider-kubernetes-reconcile.service"
 	ImageImport   = "provider-kubernetes-image-import.service"
 	UnitMigrate   = "provider-kubernetes-unit-migrate.service"
@@ -45,7 +46,7 @@ const (
 )
 
 // Wanted are the units the image enables through multi-user.target.wants.
-var Wanted = []string{Kubelet, ImageImport, Reconcile, UnitMigrate}
+var Wanted = []string{Containerd, Kubelet, ImageImport, Reconcile, UnitMigrate}
 
 // File is one shipped file.
 type File struct {

@@ -104,7 +104,7 @@ func TestUnitsShape(t *testing.T) {
 		}
 	}
 	sort.Strings(names)
-	want := []string{Kubelet, KubeadmDropIn, ImageImport, Reconcile, UnitMigrate, Publish}
+	want := []string{Containerd, Kubelet, KubeadmDropIn, ImageImport, Reconcile, UnitMigrate, Publish}
 	sort.Strings(want)
 	if strings.Join(names, ",") != strings.Join(want, ",") {
 		t.Fatalf("units %v, want %v", names, want)
@@ -131,6 +131,8 @@ func TestUnitsShape(t *testing.T) {
 			"ConditionPathExists=" + paths.StatusFile + "\n"},
 		UnitMigrate: {"Before=containerd.service provider-kubernetes-image-import.service kubelet.service",
 			"ExecStart=/usr/bin/provider-kubernetes migrate-units", "DefaultDependencies=no"},
+		// The tree's containerd, not a Debian package's.
+		Containerd: {"ExecStart=/usr/bin/containerd\n", "Type=notify", "Delegate=yes", "KillMode=process"},
 		KubeadmDropIn: {"EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env", "EnvironmentFile=-/etc/default/kubelet",
 			"ExecStart=\n", "$KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS"},
 	} {

@@ -60,7 +60,7 @@ func BenchmarkImport(b *testing.B) {
 			b.StopTimer()
 			// --sync: the content and snapshots are gone too, as on a first boot.
 			args := append([]string{"--address", address, "-n", Namespace, "images", "rm", "--sync"}, refs...)
-			if out, err := testutil.Command(b, 2*time.Minute, "ctr", args...).CombinedOutput(); err != nil {
+			if out, err := testutil.Command(b, 2*time.Minute, testutil.Ctr(b), args...).CombinedOutput(); err != nil {
 				b.Fatalf("%v: %s", err, out)
 			}
 			b.StartTimer()

@@ -5,7 +5,6 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -69,7 +68,7 @@ func (b *bundle) writeLock() {
 
 func (b *bundle) run(address string, r runner.Runner, clk *testutil.Clock) (Result, string) {
 	var log bytes.Buffer
-	o := Options{Root: paths.Root(b.root), Runner: r, Ctr: mustLook(b.t, "ctr"), Address: address,
+	o := Options{Root: paths.Root(b.root), Runner: r, Ctr: testutil.Ctr(b.t), Address: address,
 		Log: slog.New(slog.NewTextHandler(&log, nil))}
 	if clk != nil {
 		o.Clock = clk
@@ -78,19 +77,11 @@ func (b *bundle) run(address string, r runner.Runner, clk *testutil.Clock) (Resu
 	return res, log.String()
 }
 
-func mustLook(t testing.TB, name string) string {
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "/usr/bin/" + name
-	}
-	return p
-}
-
 // listed is REF -> DIGEST of `ctr images ls`, read independently of the
 // code under test.
 func listed(t testing.TB, address string) map[string]string {
 	t.Helper()
-	out, err := testutil.Command(t, time.Minute, "ctr", "--address", address, "-n", "k8s.io", "images", "ls").Output()
+	out, err := testutil.Command(t, time.Minute, testutil.Ctr(t), "--address", address, "-n", "k8s.io", "images", "ls").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +289,7 @@ func TestBeforeKubeadmALostImageIsImportedAgainOrNamed(t *testing.T) {
 	}
 	rm := func(ref string) {
 		t.Helper()
-		if out, err := testutil.Command(t, time.Minute, "ctr", "--address", address, "-n", Namespace, "images", "rm", "--sync", ref).CombinedOutput(); err != nil {
+		if out, err := testutil.Command(t, time.Minute, testutil.Ctr(t), "--address", address, "-n", Namespace, "images", "rm", "--sync", ref).CombinedOutput(); err != nil {
 			t.Fatalf("%v: %s", err, out)
 		}
 	}

@@ -25,8 +25,9 @@ type Binary struct {
 var KubernetesCommands = []string{"kubeadm", "kubelet", "kubectl", APIServer, ControllerManager, Scheduler, Proxy}
 
 // Binaries lists every module build of minor e's tree, in build order:
-// the Kubernetes release (KubernetesCommands, in one go build), the etcd
-// release kubeadm deploys (etcd, etcdctl, etcdutl) and CoreDNS. Build and
+// the node's containerd (testbin.ContainerdCommands, the same in every
+// minor), the Kubernetes release (KubernetesCommands, in one go build), the
+// etcd release kubeadm deploys (etcd, etcdctl, etcdutl) and CoreDNS. Build and
 // Prebuild both use it, so what is prebuilt is exactly what a tree takes
 // from the cache.
 func Binaries(e images.MinorEntry) ([]Binary, error) {
@@ -34,7 +35,8 @@ func Binaries(e images.MinorEntry) ([]Binary, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := []Binary{{Names: KubernetesCommands, What: "Kubernetes " + e.Kubernetes + " (" + strings.Join(KubernetesCommands, ", ") + ")",
+	out := []Binary{{Names: testbin.ContainerdCommands, What: "containerd " + images.Containerd + " (" + strings.Join(testbin.ContainerdCommands, ", ") + ")",
+		Build: testbin.Containerd}, {Names: KubernetesCommands, What: "Kubernetes " + e.Kubernetes + " (" + strings.Join(KubernetesCommands, ", ") + ")",
 		Build: func(ctx context.Context, log io.Writer) (map[string]string, error) {
 			return testbin.KubernetesSet(ctx, e.Kubernetes, KubernetesCommands, log)
 		}}}
@@ -75,12 +77,12 @@ func buildAll(ctx context.Context, e images.MinorEntry, noImages bool, log io.Wr
 	out := map[string]string{}
 	for _, b := range bs {
 		if noImages && !slices.ContainsFunc(b.Names, func(n string) bool {
-			return n == "kubeadm" || n == "kubelet" || n == "kubectl" || n == "etcdctl" || n == "etcdutl"
+			return n == "kubeadm" || n == "kubelet" || n == "kubectl" || n == "etcdctl" || n == "etcdutl" || n == "containerd"
 		}) {
 			continue
 		}
 		build := b.Build
-		if noImages && len(b.Names) > 1 {
+		if noImages && slices.Contains(b.Names, "kubeadm") {
 			// A tree without images needs only the node's Kubernetes binaries.
 			build = func(ctx context.Context, log io.Writer) (map[string]string, error) {
 				return testbin.KubernetesSet(ctx, e.Kubernetes, []string{"kubeadm", "kubelet", "kubectl"}, log)

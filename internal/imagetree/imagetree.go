@@ -5,6 +5,7 @@
 //	/usr/bin/provider-kubernetes                     -> ../../system/providers/agent-provider-kubernetes
 //	/usr/bin/{kubeadm,kubelet,kubectl}               the minor's Kubernetes release
 //	/usr/bin/{etcdctl,etcdutl}                       the etcd release that kubeadm deploys
+//	/usr/bin/{containerd,ctr,containerd-shim-runc-v2} the node's containerd (images.Containerd)
 //	/usr/lib/systemd/system/...                      the units, drop-in and relative .wants links
 //	/system/provider-kubernetes/images/*.tar         control-plane images (OCI layout tarballs)
 //	/system/provider-kubernetes/images/lock.yaml     their exact references, sizes, sha256 and manifest digests
@@ -209,6 +210,9 @@ func Build(ctx context.Context, minor, outDir string, o Options) (Result, error)
 		paths.Kubectl:        bins["kubectl"],
 		paths.Etcdctl:        bins["etcdctl"],
 		paths.Etcdutl:        bins["etcdutl"],
+		paths.Containerd:     bins["containerd"],
+		paths.Ctr:            bins["ctr"],
+		paths.ContainerdShim: bins["containerd-shim-runc-v2"],
 	}
 	for dst, src := range copies {
 		if _, err := copyFile(src, hostPath(tree, dst), 0o755); err != nil {
@@ -521,6 +525,13 @@ func Versions(ctx context.Context, tree string) (map[string]string, error) {
 		first, _, _ := strings.Cut(s, "\n")
 		out[n] = strings.TrimSpace(strings.TrimPrefix(first, n+" version:"))
 	}
+	// "containerd github.com/containerd/containerd/v2 v2.3.4 <revision>"
+	if s, err = run(paths.Containerd, "--version"); err != nil {
+		return nil, err
+	}
+	if f := strings.Fields(s); len(f) >= 3 {
+		out["containerd"] = f[2]
+	}
 	if s, err = run(paths.ProviderBin, "version"); err != nil {
 		return nil, err
 	}
@@ -540,7 +551,7 @@ func CheckVersions(ctx context.Context, tree string, b bundle.Manifest) error {
 		return err
 	}
 	want := map[string]string{"kubeadm": b.Kubeadm, "kubelet": b.Kubelet, "kubectl": b.Kubectl,
-		"etcdctl": b.Etcdctl, "etcdutl": b.Etcdutl, "window": images.Window().String()}
+		"etcdctl": b.Etcdctl, "etcdutl": b.Etcdutl, "window": images.Window().String(), "containerd": images.Containerd}
 	var bad []string
 	for k, w := range want {
 		if got[k] != w {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -185,6 +184,7 @@ func checkLayout(t *testing.T, dir string) {
 	want := map[string]os.FileMode{
 		paths.ProviderPlugin: 0o755, paths.Kubeadm: 0o755, paths.Kubelet: 0o755, paths.Kubectl: 0o755,
 		paths.Etcdctl: 0o755, paths.Etcdutl: 0o755, paths.BundleManifest: 0o644, paths.ImageLock: 0o644,
+		paths.Containerd: 0o755, paths.Ctr: 0o755, paths.ContainerdShim: 0o755,
 	}
 	for _, u := range system.Units() {
 		want[u.Path] = 0o644
@@ -412,10 +412,7 @@ func checkImages(t *testing.T, dir string, e images.MinorEntry) {
 // containerd then holds exactly the references kubeadm expects.
 func checkImport(t *testing.T, dir string, e images.MinorEntry) {
 	address := testutil.Containerd(t)
-	ctr, err := exec.LookPath("ctr")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctr := hostPath(dir, paths.Ctr) // the tree's own ctr
 	var log bytes.Buffer
 	res := imageimport.Run(context.Background(), imageimport.Options{Root: paths.Root(dir), Runner: runner.Exec{}, Ctr: ctr,
 		Address: address, Log: slog.New(slog.NewTextHandler(&log, nil))})

@@ -33,6 +33,9 @@ const (
 	Etcdutl   = "/usr/bin/etcdutl"
 	Systemctl = "/usr/bin/systemctl"
 	Ctr       = "/usr/bin/ctr"
+	// The node's containerd (images.Containerd), from the tree.
+	Containerd     = "/usr/bin/containerd"
+	ContainerdShim = "/usr/bin/containerd-shim-runc-v2"
 
 	// The OS image: the provider as a Kairos plugin and on PATH, the
 	// bundled control-plane images and their lock file.

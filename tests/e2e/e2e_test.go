@@ -77,8 +77,11 @@ func osTrees(t testing.TB, minors ...string) map[string]string {
 		// The OS image carries containerd's config with its own pause as the
 		// sandbox image (as the Earthfile lays it on the Kairos base): 1.35
 		// bundles pause 3.10.1, 1.36 and 1.37 pause 3.10.2.
-		cfg := strings.Replace(harness.ContainerdConfig, `sandbox_image = "registry.k8s.io/pause:3.10.2"`,
-			`sandbox_image = "registry.k8s.io/pause:`+res.Entry.Pause+`"`, 1)
+		const sandbox = `sandbox = "registry.k8s.io/pause:3.10.2"`
+		if !strings.Contains(harness.ContainerdConfig, sandbox) {
+			t.Fatalf("harness.ContainerdConfig names no %s", sandbox)
+		}
+		cfg := strings.Replace(harness.ContainerdConfig, sandbox, `sandbox = "registry.k8s.io/pause:`+res.Entry.Pause+`"`, 1)
 		if err := os.MkdirAll(filepath.Join(res.Dir, "etc/containerd"), 0o755); err != nil {
 			t.Fatal(err)
 		}

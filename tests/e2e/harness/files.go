@@ -16,21 +16,22 @@ const FixupUnit = "e2e-node-fixup.service"
 // packet of a node ever leaves the namespaces the harness made.
 const BridgeIP = "10.0.0.1"
 
-// ContainerdConfig is containerd 1.6's config (v2) for a kubeadm node in
-// nspawn: kubeadm's pause, no oom_score_adj writes (no CAP_SYS_RESOURCE in
-// the container), cgroupfs (kubelet cgroupDriver: cgroupfs), Debian's CNI dir.
-const ContainerdConfig = `version = 2
+// ContainerdConfig is containerd 2's config (version 3) for a kubeadm node
+// in nspawn: kubeadm's pause, no oom_score_adj writes (no CAP_SYS_RESOURCE
+// in the container), cgroupfs (kubelet cgroupDriver: cgroupfs), Debian's CNI dir.
+const ContainerdConfig = `version = 3
 
 [plugins]
-  [plugins."io.containerd.grpc.v1.cri"]
-    sandbox_image = "registry.k8s.io/pause:3.10.2"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "registry.k8s.io/pause:3.10.2"
+  [plugins."io.containerd.cri.v1.runtime"]
     restrict_oom_score_adj = true
-    [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = "/usr/lib/cni"
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["/usr/lib/cni"]
       conf_dir = "/etc/cni/net.d"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.internal.v1.opt"]
     path = "/var/lib/containerd/opt"

@@ -280,7 +280,7 @@ func TestConfigLayer(t *testing.T) {
 		t.Errorf("Debian's etcd.service must be masked: %+v", e)
 	}
 	cd := find("etc/containerd/config.toml").Data
-	for _, s := range []string{`sandbox_image = "registry.k8s.io/pause:3.10.2"`, "restrict_oom_score_adj = true", "SystemdCgroup = false", `bin_dir = "/usr/lib/cni"`} {
+	for _, s := range []string{"version = 3\n", `sandbox = "registry.k8s.io/pause:3.10.2"`, "restrict_oom_score_adj = true", "SystemdCgroup = false", `bin_dirs = ["/usr/lib/cni"]`} {
 		if !strings.Contains(cd, s) {
 			t.Errorf("containerd config lacks %s", s)
 		}

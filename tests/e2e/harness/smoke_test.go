@@ -15,6 +15,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
+	"github.com/kairos-io/provider-kubernetes/system"
 )
 
 type testWriter struct{ t testing.TB }
@@ -33,7 +36,7 @@ func smokeTree(t testing.TB, label string, failing bool) string {
 	dir := filepath.Join(t.TempDir(), "tree-"+label)
 	units := filepath.Join(dir, "usr/lib/systemd/system")
 	wants := filepath.Join(units, "multi-user.target.wants")
-	for _, d := range []string{wants, filepath.Join(dir, "usr/share/pk-smoke")} {
+	for _, d := range []string{wants, filepath.Join(dir, "usr/share/pk-smoke"), filepath.Join(dir, "usr/bin")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -69,6 +72,24 @@ ExecStart=/bin/sh -c 'stat -c %%a /run/provider-kubernetes/cluster.yaml > /run/p
 			t.Fatal(err)
 		}
 	}
+	// The node's containerd, as every OS image tree carries it.
+	for name, src := range testutil.ContainerdBinaries(t) {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "usr/bin", name), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, u := range system.Units() {
+		if u.Path == system.UnitDir+"/"+system.Containerd {
+			if err := os.WriteFile(filepath.Join(units, system.Containerd), u.Data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	links = append(links, system.Containerd)
 	for _, l := range links {
 		if err := os.Symlink("../"+l, filepath.Join(wants, l)); err != nil {
 			t.Fatal(err)
