@@ -41,6 +41,21 @@ import (
 // Namespace is containerd's namespace the CRI plugin (and so the kubelet) uses.
 const Namespace = "k8s.io"
 
+// The labels a bundled image carries in containerd once a run has it there.
+const (
+	// PinLabel=PinValue is the CRI's pin: containerd 2's CRI reports the
+	// image Pinned, and the kubelet's image garbage collection (like
+	// `crictl rmi --prune`) never removes a pinned image.
+	PinLabel = "io.cri-containerd.pinned"
+	PinValue = "pinned"
+	// BundledLabel=BundledValue marks an image a run pinned: a later run
+	// (another OS image, another minor) releases those its own lock file
+	// does not list, so an upgrade leaves the previous minor's images to
+	// the garbage collection instead of pinning them forever.
+	BundledLabel = "provider-kubernetes.kairos.io/bundled"
+	BundledValue = "true"
+)
+
 // Budgets bound a run.
 type Budgets struct {
 	Total          time.Duration // the whole run
@@ -71,12 +86,15 @@ type Refusal struct {
 
 // Result is what a run did.
 type Result struct {
-	Imported []string
-	Present  []string  // already in containerd at the locked digest: not read, not imported
-	Refused  []Refusal // failed a check: never handed to containerd
-	Failed   []Refusal // passed the checks, but the import or its verification failed
-	Err      error     // the run could not start (lock file, images directory, containerd)
-	ExitCode int       // 0 when every image is in containerd, else 1
+	Imported  []string
+	Present   []string  // already in containerd at the locked digest: not read, not imported
+	Refused   []Refusal // failed a check: never handed to containerd
+	Failed    []Refusal // passed the checks, but the import or its verification failed
+	Pinned    []string  // in containerd and pinned by this run (the others were pinned already)
+	Released  []string  // pinned by an earlier run, not in this lock file: pin and mark removed
+	PinFailed []Refusal // in containerd but not pinned, or not released, and why
+	Err       error     // the run could not start (lock file, images directory, containerd)
+	ExitCode  int       // 0 when every image is in containerd, else 1
 }
 
 // Outcome names the result in one word.
@@ -86,6 +104,8 @@ func (r Result) Outcome() string {
 		return "failed"
 	case len(r.Refused) > 0:
 		return "refused"
+	case len(r.PinFailed) > 0:
+		return "unpinned"
 	default:
 		return "ok"
 	}
@@ -163,7 +183,7 @@ func Run(ctx context.Context, o Options) Result {
 	ctx, cancel := context.WithTimeout(ctx, o.Budgets.Total)
 	defer cancel()
 	res := run(ctx, o)
-	if res.Err != nil || len(res.Refused) > 0 || len(res.Failed) > 0 {
+	if res.Err != nil || len(res.Refused) > 0 || len(res.Failed) > 0 || len(res.PinFailed) > 0 {
 		res.ExitCode = 1
 	}
 	for _, r := range res.Refused {
@@ -172,8 +192,12 @@ func Run(ctx context.Context, o Options) Result {
 	for _, r := range res.Failed {
 		o.Log.Warn("image-import-failed", "ref", r.Ref, "file", r.File, "reason", runner.Sanitize(r.Reason, 300))
 	}
+	for _, r := range res.PinFailed {
+		o.Log.Warn("image-pin-failed", "ref", runner.Sanitize(r.Ref, 200), "reason", runner.Sanitize(r.Reason, 300))
+	}
 	attrs := []any{"outcome", res.Outcome(), "imported", len(res.Imported), "present", len(res.Present), "refused", len(res.Refused),
-		"failed", len(res.Failed), "duration", time.Since(start).Round(time.Millisecond).String()}
+		"failed", len(res.Failed), "pinned", len(res.Pinned), "released", len(res.Released), "pin_failed", len(res.PinFailed),
+		"duration", time.Since(start).Round(time.Millisecond).String()}
 	if res.Err != nil {
 		attrs = append(attrs, "error", runner.Sanitize(res.Err.Error(), 500))
 	}
@@ -249,6 +273,7 @@ func run(ctx context.Context, o Options) Result {
 		digests[im.Ref] = ref.ManifestDigest
 	}
 	if len(digests) == 0 {
+		o.pin(ctx, lock, &res)
 		return res
 	}
 	// What containerd now lists under each reference must be the manifest
@@ -279,7 +304,82 @@ func run(ctx context.Context, o Options) Result {
 			res.Imported = append(res.Imported, im.Ref)
 		}
 	}
+	o.pin(ctx, lock, &res)
 	return res
+}
+
+// pin labels every image of the lock file that is now in containerd at its
+// locked digest (present or imported) with the CRI's pin and the bundled
+// mark, unless it has both already; then it takes both off every image an
+// earlier run marked that this lock file does not list. One bounded list
+// each, one `ctr images label` per image that changes.
+func (o Options) pin(ctx context.Context, lock imagelock.Lock, res *Result) {
+	in := slices.Concat(res.Present, res.Imported)
+	if len(in) > 0 {
+		var filters []string
+		for _, ref := range in {
+			// references are checked by imagelock: no quote, no backslash
+			filters = append(filters, `name=="`+ref+`",labels."`+PinLabel+`"==`+PinValue+`,labels."`+BundledLabel+`"==`+BundledValue)
+		}
+		pinned, err := o.names(ctx, filters)
+		for _, ref := range in {
+			switch {
+			case err != nil:
+				res.PinFailed = append(res.PinFailed, Refusal{Ref: ref, Reason: "containerd's list of pinned images: " + err.Error()})
+				continue
+			case slices.Contains(pinned, ref):
+				continue
+			}
+			if err := o.label(ctx, ref, PinValue, BundledValue); err != nil {
+				res.PinFailed = append(res.PinFailed, Refusal{Ref: ref, Reason: "pin: " + err.Error()})
+				continue
+			}
+			res.Pinned = append(res.Pinned, ref)
+		}
+	}
+	marked, err := o.names(ctx, []string{`labels."` + BundledLabel + `"==` + BundledValue})
+	if err != nil {
+		res.PinFailed = append(res.PinFailed, Refusal{Reason: "containerd's list of the images pinned earlier: " + err.Error()})
+		return
+	}
+	for _, name := range marked {
+		if slices.ContainsFunc(lock.Images, func(im imagelock.Image) bool { return im.Ref == name }) {
+			continue
+		}
+		if !imagelock.ValidRef(name) {
+			// Never handed to ctr as an argument: it could read as a flag.
+			res.PinFailed = append(res.PinFailed, Refusal{Ref: "(not a reference)", Reason: fmt.Sprintf("an image marked %s has a name of %d bytes that is not a reference: left pinned", BundledLabel, len(name))})
+			continue
+		}
+		if err := o.label(ctx, name, "", ""); err != nil {
+			res.PinFailed = append(res.PinFailed, Refusal{Ref: name, Reason: "release: " + err.Error()})
+			continue
+		}
+		res.Released = append(res.Released, name)
+	}
+}
+
+// label sets (or, with empty values, removes) the pin and the bundled mark
+// of one image.
+func (o Options) label(ctx context.Context, ref, pin, bundled string) error {
+	_, err := o.Runner.Run(ctx, o.ctr(30*time.Second, "images", "label", ref, PinLabel+"="+pin, BundledLabel+"="+bundled))
+	return err
+}
+
+// names lists, in one bounded call, the names of the images that match any
+// of filters (`ctr images ls -q`: one name per line).
+func (o Options) names(ctx context.Context, filters []string) ([]string, error) {
+	out, err := o.Runner.Run(ctx, o.ctr(30*time.Second, append([]string{"images", "ls", "-q"}, filters...)...))
+	if err != nil {
+		return nil, fmt.Errorf("images ls: %w", err)
+	}
+	var names []string
+	for _, l := range strings.Split(string(out.Stdout), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			names = append(names, l)
+		}
+	}
+	return names, nil
 }
 
 // Reason is why a run imports an image of the lock file, or skips it.

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +19,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/kairos-io/provider-kubernetes/internal/imagelock"
 	"github.com/kairos-io/provider-kubernetes/internal/imagetree"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
@@ -740,7 +743,9 @@ func refused(t testing.TB, n *harness.Node, code int, want string, before map[st
 // to want: status Converged at want, and exactly one of each step's
 // outcome lines in that pass, the pre-upgrade snapshot's being
 // skipped-encryption-unconfirmed (the nodes' /usr/local is not on dm-crypt)
-// and the bundled images' check before kubeadm finding them all present.
+// and the bundled images' check before kubeadm finding them all present and
+// pinned; and that containerd holds exactly the booted image's bundled
+// images pinned (the boot's import-images released the previous minor's).
 func upgraded(t testing.TB, n *harness.Node, want string) {
 	t.Helper()
 	st := nodeStatus(t, n)
@@ -750,10 +755,35 @@ func upgraded(t testing.TB, n *harness.Node, want string) {
 	pass := lastPass(reconcileLog(t, n))
 	// The bundled images, imported by the boot's import-images, are only
 	// listed again before kubeadm.
-	for _, line := range []string{"msg=etcd-snapshot outcome=skipped-encryption-unconfirmed", "msg=import-images outcome=ok imported=0 present=", "msg=upgrade-apply outcome=ok",
+	for _, line := range []string{"msg=etcd-snapshot outcome=skipped-encryption-unconfirmed",
+		"msg=import-images outcome=ok imported=0 present=7 refused=0 failed=0 pinned=0 released=0 pin_failed=0", "msg=upgrade-apply outcome=ok",
 		"msg=restart-kubelet outcome=ok", "msg=verify outcome=ok", "msg=reconcile-done outcome=converged"} {
 		if k := strings.Count(pass, line); k != 1 {
 			t.Fatalf("the upgrade pass to %s has %d %q lines, want 1:\n%s", want, k, line, pass)
 		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	raw, err := n.Output(ctx, "cat", paths.ImageLock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, err := imagelock.Parse([]byte(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bundled []string
+	for _, im := range lock.Images {
+		bundled = append(bundled, im.Ref)
+	}
+	out, err := n.Output(ctx, "ctr", "-n", "k8s.io", "images", "ls", "-q", `labels."io.cri-containerd.pinned"==pinned`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := strings.Fields(out)
+	sort.Strings(bundled)
+	sort.Strings(pinned)
+	if !slices.Equal(pinned, bundled) {
+		t.Fatalf("containerd has %v pinned, the booted image bundles %v", pinned, bundled)
 	}
 }
