@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -63,6 +64,7 @@ func run(ctx context.Context, minors string, e2eBase bool, out io.Writer) error 
 		}
 	}
 	var steps []step
+	seen := map[string]bool{} // containerd is the same in every minor's image
 	for _, e := range images.Get().Minors {
 		if len(want) > 0 && !want[e.Minor] {
 			continue
@@ -72,12 +74,24 @@ func run(ctx context.Context, minors string, e2eBase bool, out io.Writer) error 
 			return err
 		}
 		for _, b := range bs {
-			steps = append(steps, step{what: b.What + " (the " + e.Minor + " image)", build: func(ctx context.Context, log io.Writer) error {
+			if seen[b.What] {
+				continue
+			}
+			seen[b.What] = true
+			for_ := " (the " + e.Minor + " image)"
+			if slices.Contains(b.Names, "containerd") {
+				for_ = " (every image)"
+			}
+			steps = append(steps, step{what: b.What + for_, build: func(ctx context.Context, log io.Writer) error {
 				_, err := b.Build(ctx, log)
 				return err
 			}})
 		}
 	}
+	steps = append(steps, step{what: "crictl " + testbin.CriToolsVersion + " (the pin test's forced image garbage collection)", build: func(ctx context.Context, log io.Writer) error {
+		_, err := testbin.Crictl(ctx, log)
+		return err
+	}})
 	steps = append(steps, step{what: "kairos-agent " + testbin.KairosAgentVersion + " (every end-to-end node's Kairos layer)", build: func(ctx context.Context, log io.Writer) error {
 		_, err := testbin.KairosAgent(ctx, log)
 		return err

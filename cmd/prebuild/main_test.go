@@ -11,8 +11,9 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/imagetree"
 )
 
-// Every binary a tree takes from the cache is a numbered step, then the
-// kairos-agent; each says built or cached.
+// Every binary a tree takes from the cache is a numbered step (containerd,
+// the same in every image, says so), then crictl and the kairos-agent;
+// each says built or cached.
 func TestPrebuildSaysWhatAndHowFar(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds Kubernetes from modules when the cache is cold: not in -short mode")
@@ -26,14 +27,18 @@ func TestPrebuildSaysWhatAndHowFar(t *testing.T) {
 	if err := run(context.Background(), e.Minor, false, &out); err != nil {
 		t.Fatal(err)
 	}
-	n := len(bs) + 1
+	n := len(bs) + 2
 	for i, b := range bs {
-		line := "[" + itoa(i+1) + "/" + itoa(n) + "] " + b.What + " (the " + e.Minor + " image): "
+		for_ := " (the " + e.Minor + " image): "
+		if i == 0 {
+			for_ = " (every image): "
+		}
+		line := "[" + itoa(i+1) + "/" + itoa(n) + "] " + b.What + for_
 		if !strings.Contains(out.String(), line+"cached\n") && !strings.Contains(out.String(), line+"built in ") {
 			t.Fatalf("no %q line:\n%s", line, out.String())
 		}
 	}
-	if !strings.Contains(out.String(), "["+itoa(n)+"/"+itoa(n)+"] kairos-agent ") || !strings.Contains(out.String(), "prebuild: done in ") {
+	if !strings.Contains(out.String(), "["+itoa(n-1)+"/"+itoa(n)+"] crictl ") || !strings.Contains(out.String(), "["+itoa(n)+"/"+itoa(n)+"] kairos-agent ") || !strings.Contains(out.String(), "prebuild: done in ") {
 		t.Fatalf("output:\n%s", out.String())
 	}
 }
