@@ -46,6 +46,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -519,6 +520,27 @@ func checkBoot(t *testing.T, what string, rep report, mode string, e images.Mino
 			t.Errorf("%s: containerd lacks the bundled %s image %s (has: %s)", what, n, ref, held)
 		}
 	}
+	// Pinned against the kubelet's image GC: exactly the booted image's
+	// bundled images (the boot's import-images released the other minor's).
+	var pinned []string
+	for _, l := range strings.Split(rep.blob(t, "pinned"), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.Contains(l, "level=") { // ctr's own warnings
+			pinned = append(pinned, l)
+		}
+	}
+	var bundled []string
+	for _, ref := range imagetree.Refs(e) {
+		bundled = append(bundled, ref)
+	}
+	sort.Strings(pinned)
+	sort.Strings(bundled)
+	if !slices.Equal(pinned, bundled) {
+		t.Errorf("%s: containerd has %v pinned, the booted image bundles %v", what, pinned, bundled)
+	}
+	// The image's own containerd, running.
+	if c := rep.blob(t, "containerd"); !strings.Contains(c, " "+images.Containerd+" ") || !strings.HasSuffix(strings.TrimSpace(c), "\nactive") {
+		t.Errorf("%s: containerd: %s", what, c)
+	}
 	// The node files: forwarding, bridge netfilter, CNI plugins where containerd looks.
 	nf := kairosimage.ParseRelease(rep.blob(t, "node"))
 	if nf["ip_forward"] != "1" || nf["br_netfilter"] != "yes" || nf["cni_bridge"] != "yes" {
@@ -635,6 +657,8 @@ blob reconcile-log sh -c 'tail -n 60 /var/log/provider-kubernetes-reconcile.log'
 blob unit-boot systemctl show -p ExecMainStartTimestampMonotonic,ExecMainExitTimestampMonotonic,Result cos-setup-boot.service
 blob unit-reconcile systemctl show -p ExecMainStartTimestampMonotonic,ExecMainExitTimestampMonotonic,Result provider-kubernetes-reconcile.service
 blob images ctr -n k8s.io images ls -q
+blob pinned ctr -n k8s.io images ls -q 'labels."io.cri-containerd.pinned"==pinned'
+blob containerd sh -c 'containerd --version; systemctl is-active containerd'
 blob node sh -c 'echo ip_forward=$(cat /proc/sys/net/ipv4/ip_forward); [ -d /sys/module/br_netfilter ] && echo br_netfilter=yes; [ -x /opt/cni/bin/bridge ] && echo cni_bridge=yes'
 blob mounts findmnt -rn -o TARGET,SOURCE,FSTYPE
 blob failed systemctl --failed --no-legend
