@@ -77,6 +77,45 @@ func (b *bundle) run(address string, r runner.Runner, clk *testutil.Clock) (Resu
 	return res, log.String()
 }
 
+// runWant runs import-images on b with every command recorded, and fails
+// the test unless its summary line has want.
+func (b *bundle) runWant(address, want string) (Result, *runner.Recorder) {
+	b.t.Helper()
+	rec := &runner.Recorder{Reply: runner.Exec{}.Run}
+	res, log := b.run(address, rec, nil)
+	if !strings.Contains(log, want) {
+		b.t.Fatalf("want %q in the summary:\n%s\n%v", want, log, rec.Lines())
+	}
+	return res, rec
+}
+
+// ctrOut runs the node's ctr in the k8s.io namespace of the containerd at
+// address and returns its stdout (containerd 2's ctr warns on stderr on
+// cgroup v1 hosts).
+func ctrOut(t testing.TB, address string, args ...string) string {
+	t.Helper()
+	out, err := testutil.Command(t, time.Minute, testutil.Ctr(t), append([]string{"--address", address, "-n", Namespace}, args...)...).Output()
+	if err != nil {
+		t.Fatalf("ctr %v: %v: %s", args, err, out)
+	}
+	return string(out)
+}
+
+// ctrImport imports the tarball at p with ctr, behind import-images' back.
+func ctrImport(t testing.TB, address, p string) {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := testutil.Command(t, time.Minute, testutil.Ctr(t), "--address", address, "-n", Namespace, "images", "import", "-")
+	cmd.Stdin = f
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+}
+
 // listed is REF -> DIGEST of `ctr images ls`, read independently of the
 // code under test.
 func listed(t testing.TB, address string) map[string]string {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -56,14 +55,7 @@ func TestBundledImagesAreKeptFromTheImageGC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctr := func(args ...string) string {
-		t.Helper()
-		out, err := testutil.Command(t, time.Minute, testutil.Ctr(t), append([]string{"--address", address, "-n", Namespace}, args...)...).Output()
-		if err != nil {
-			t.Fatalf("ctr %v: %v: %s", args, err, out)
-		}
-		return string(out)
-	}
+	ctr := func(args ...string) string { t.Helper(); return ctrOut(t, address, args...) }
 	// waitCRI waits (30 s at most) until the CRI reports exactly want
 	// (reference -> pinned): it learns of containerd's changes by events.
 	waitCRI := func(what string, want map[string]bool) {
@@ -98,27 +90,8 @@ func TestBundledImagesAreKeptFromTheImageGC(t *testing.T) {
 	}
 	b.writeLock()
 	// An image the operator loaded, nobody's to keep: the collection's to take.
-	stray := newBundle(t)
-	f, err := os.Open(stray.add("example.com/stray:v1", "stray.tar", "stray"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := testutil.Command(t, time.Minute, testutil.Ctr(t), "--address", address, "-n", Namespace, "images", "import", "-")
-	cmd.Stdin = f
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	f.Close()
-
-	run := func(want string) (Result, *runner.Recorder) {
-		t.Helper()
-		rec := &runner.Recorder{Reply: runner.Exec{}.Run}
-		res, log := b.run(address, rec, nil)
-		if !strings.Contains(log, want) {
-			t.Fatalf("want %q in the summary:\n%s\n%v", want, log, rec.Lines())
-		}
-		return res, rec
-	}
+	ctrImport(t, address, newBundle(t).add("example.com/stray:v1", "stray.tar", "stray"))
+	run := func(want string) (Result, *runner.Recorder) { t.Helper(); return b.runWant(address, want) }
 
 	// Imported and pinned: the CRI reports each bundled image pinned and the
 	// stray one not; the forced collection takes only the stray one.

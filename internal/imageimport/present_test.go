@@ -12,7 +12,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kairos-io/provider-kubernetes/internal/imagelock"
 	"github.com/kairos-io/provider-kubernetes/internal/runner"
@@ -143,24 +142,8 @@ func TestOnlyWhatIsNeededIsImported(t *testing.T) {
 		b.add(r, imagelock.FileName(r), "content of "+r)
 	}
 	b.writeLock()
-	ctr := func(args ...string) string {
-		t.Helper()
-		// stdout only: containerd 2's ctr warns on stderr (cgroup v1 hosts).
-		out, err := testutil.Command(t, time.Minute, testutil.Ctr(t), append([]string{"--address", address, "-n", Namespace}, args...)...).Output()
-		if err != nil {
-			t.Fatalf("ctr %v: %v: %s", args, err, out)
-		}
-		return string(out)
-	}
-	run := func(want string) (Result, *runner.Recorder) {
-		t.Helper()
-		rec := &runner.Recorder{Reply: runner.Exec{}.Run}
-		res, log := b.run(address, rec, nil)
-		if !strings.Contains(log, want) {
-			t.Fatalf("want %q in the summary:\n%s\n%v", want, log, rec.Lines())
-		}
-		return res, rec
-	}
+	ctr := func(args ...string) string { t.Helper(); return ctrOut(t, address, args...) }
+	run := func(want string) (Result, *runner.Recorder) { t.Helper(); return b.runWant(address, want) }
 	apiserver, scheduler, etcd := refs[0], refs[2], refs[5]
 
 	// First boot: everything is imported.
@@ -199,17 +182,7 @@ func TestOnlyWhatIsNeededIsImported(t *testing.T) {
 	// The apiserver's reference retagged to another image: verified and
 	// imported again, and back at the locked digest.
 	other := newBundle(t)
-	p := other.add(apiserver, "other.tar", "not the locked apiserver")
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := testutil.Command(t, time.Minute, testutil.Ctr(t), "--address", address, "-n", Namespace, "images", "import", "-")
-	cmd.Stdin = f
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	f.Close()
+	ctrImport(t, address, other.add(apiserver, "other.tar", "not the locked apiserver"))
 	if got := listed(t, address)[apiserver]; got != other.mani[apiserver] {
 		t.Fatalf("retag: containerd lists %s", got)
 	}
