@@ -56,6 +56,29 @@ const (
 	BundledValue = "true"
 )
 
+// PinKey is the providerConfig key that turns the pins off: "false" makes
+// every reconcile pass take off the pins import-images set (the boot's
+// import-images runs before the cluster section is read, so it pins
+// regardless) and pin nothing before kubeadm.
+const PinKey = "images.pin"
+
+// PinWanted reads PinKey from providerConfig: true when the key is absent
+// or "true", false for "false"; anything else is an error naming the key,
+// never quoting the value.
+func PinWanted(providerConfig map[string]string) (bool, error) {
+	v, ok := providerConfig[PinKey]
+	if !ok {
+		return true, nil
+	}
+	switch strings.TrimSpace(v) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return true, fmt.Errorf("providerConfig %s is neither \"true\" nor \"false\"", PinKey)
+}
+
 // Budgets bound a run.
 type Budgets struct {
 	Total          time.Duration // the whole run
@@ -77,6 +100,9 @@ type Options struct {
 	Budgets Budgets
 	Clock   wait.Clock
 	Log     *slog.Logger
+	// NoPin pins nothing and takes off every pin an earlier run set
+	// (providerConfig images.pin: "false").
+	NoPin bool
 }
 
 // Refusal is an image not imported, and why.
@@ -315,6 +341,10 @@ func run(ctx context.Context, o Options) Result {
 // each, one `ctr images label` per image that changes.
 func (o Options) pin(ctx context.Context, lock imagelock.Lock, res *Result) {
 	in := slices.Concat(res.Present, res.Imported)
+	if o.NoPin {
+		o.release(ctx, func(string) bool { return false }, res)
+		return
+	}
 	if len(in) > 0 {
 		var filters []string
 		for _, ref := range in {
@@ -337,13 +367,21 @@ func (o Options) pin(ctx context.Context, lock imagelock.Lock, res *Result) {
 			res.Pinned = append(res.Pinned, ref)
 		}
 	}
+	o.release(ctx, func(name string) bool {
+		return slices.ContainsFunc(lock.Images, func(im imagelock.Image) bool { return im.Ref == name })
+	}, res)
+}
+
+// release takes the pin and the bundled mark off every image an earlier
+// run marked, except those keep says to keep.
+func (o Options) release(ctx context.Context, keep func(name string) bool, res *Result) {
 	marked, err := o.names(ctx, []string{`labels."` + BundledLabel + `"==` + BundledValue})
 	if err != nil {
 		res.PinFailed = append(res.PinFailed, Refusal{Reason: "containerd's list of the images pinned earlier: " + err.Error()})
 		return
 	}
 	for _, name := range marked {
-		if slices.ContainsFunc(lock.Images, func(im imagelock.Image) bool { return im.Ref == name }) {
+		if keep(name) {
 			continue
 		}
 		if !imagelock.ValidRef(name) {
@@ -357,6 +395,42 @@ func (o Options) pin(ctx context.Context, lock imagelock.Lock, res *Result) {
 		}
 		res.Released = append(res.Released, name)
 	}
+}
+
+// Release takes off every pin an earlier run set, for a node whose
+// providerConfig turns the pins off (PinKey): one bounded list, one
+// `ctr images label` per pinned image, one summary line
+// (msg=release-image-pins). It reads no lock file and imports nothing.
+func Release(ctx context.Context, o Options) Result {
+	start := time.Now()
+	if o.Log == nil {
+		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.Ctr == "" {
+		o.Ctr = paths.Ctr
+	}
+	if o.Address == "" {
+		o.Address = paths.ContainerdSocket
+	}
+	if o.Budgets == (Budgets{}) {
+		o.Budgets = DefaultBudgets()
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.Budgets.Total)
+	defer cancel()
+	var res Result
+	o.release(ctx, func(string) bool { return false }, &res)
+	for _, r := range res.PinFailed {
+		o.Log.Warn("image-pin-failed", "ref", runner.Sanitize(r.Ref, 200), "reason", runner.Sanitize(r.Reason, 300))
+	}
+	attrs := []any{"outcome", "ok", "released", len(res.Released), "pin_failed", len(res.PinFailed), "duration", time.Since(start).Round(time.Millisecond).String()}
+	if len(res.PinFailed) > 0 {
+		attrs[1] = "failed"
+		res.ExitCode = 1
+		o.Log.Warn("release-image-pins", attrs...)
+	} else {
+		o.Log.Info("release-image-pins", attrs...)
+	}
+	return res
 }
 
 // label sets (or, with empty values, removes) the pin and the bundled mark

@@ -23,6 +23,8 @@ type bundle struct {
 	root string
 	lock imagelock.Lock
 	mani map[string]string
+	// noPin runs import-images with Options.NoPin (images.pin: "false").
+	noPin bool
 }
 
 func newBundle(t testing.TB) *bundle {
@@ -69,7 +71,7 @@ func (b *bundle) writeLock() {
 func (b *bundle) run(address string, r runner.Runner, clk *testutil.Clock) (Result, string) {
 	var log bytes.Buffer
 	o := Options{Root: paths.Root(b.root), Runner: r, Ctr: testutil.Ctr(b.t), Address: address,
-		Log: slog.New(slog.NewTextHandler(&log, nil))}
+		Log: slog.New(slog.NewTextHandler(&log, nil)), NoPin: b.noPin}
 	if clk != nil {
 		o.Clock = clk
 	}

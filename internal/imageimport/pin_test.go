@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"slices"
 	"sort"
 	"strings"
@@ -140,6 +141,42 @@ func TestBundledImagesAreKeptFromTheImageGC(t *testing.T) {
 	waitCRI("3.10.1 released", map[string]bool{old: false, pause: true, etcd: true})
 	prune()
 	waitCRI("after the second collection", map[string]bool{pause: true, etcd: true})
+
+	// providerConfig images.pin: "false": before kubeadm, the pass's run
+	// pins nothing and takes off every pin import-images set; what no
+	// container uses is then the collection's. (The CRI pins its default
+	// sandbox image, pause 3.10.2 here, itself.)
+	b.noPin = true
+	res, _ = run("outcome=ok imported=0 present=2 refused=0 failed=0 pinned=0 released=2 pin_failed=0")
+	sort.Strings(res.Released)
+	if want := []string{etcd, pause}; !slices.Equal(res.Released, want) {
+		t.Fatalf("released %v, want %v", res.Released, want)
+	}
+	waitCRI("pins off", map[string]bool{pause: true, etcd: false})
+	prune()
+	waitCRI("pins off, collected", map[string]bool{pause: true})
+
+	// The boot's import-images cannot know the setting (it runs before the
+	// cluster section is read) and pins; the pass's Release takes the pins
+	// off again, and a second Release finds nothing to do.
+	b.noPin = false
+	run("outcome=ok imported=1 present=1 refused=0 failed=0 pinned=2 released=0 pin_failed=0")
+	waitCRI("pinned by the boot's import", map[string]bool{pause: true, etcd: true})
+	release := func(want string) Result {
+		t.Helper()
+		var log strings.Builder
+		res := Release(context.Background(), Options{Runner: runner.Exec{}, Ctr: testutil.Ctr(t), Address: address,
+			Log: slog.New(slog.NewTextHandler(&log, nil))})
+		if !strings.Contains(log.String(), want) {
+			t.Fatalf("want %q:\n%s", want, log.String())
+		}
+		return res
+	}
+	if res := release("msg=release-image-pins outcome=ok released=2 pin_failed=0"); res.ExitCode != 0 {
+		t.Fatalf("%+v", res)
+	}
+	waitCRI("released by the pass", map[string]bool{pause: true, etcd: false})
+	release("msg=release-image-pins outcome=ok released=0 pin_failed=0")
 }
 
 // A pin that containerd refuses is a failed run that names the image; the
