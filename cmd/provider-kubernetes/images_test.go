@@ -10,6 +10,7 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
+	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
 
 // The real binary's pass, on a sandbox worker due for kubeadm upgrade
@@ -48,5 +49,40 @@ func TestThePassChecksTheBundledImagesBeforeKubeadm(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("no %q in the pass's log:\n%s", want, out)
 		}
+	}
+}
+
+// The real binary's pass on a converged worker whose providerConfig turns
+// the pins off (images.pin: "false") takes off the pin the boot's
+// import-images set: a stand-in ctr lists one image the provider pinned
+// and records the label command the pass runs on it.
+func TestThePassTakesThePinsOffWhenTurnedOff(t *testing.T) {
+	bin := buildProvider(t)
+	n := testutil.NewNode(t, "n1")
+	n.ClusterFile("worker", "v1.37.2", "")
+	n.Write(paths.ClusterFile, n.Read(paths.ClusterFile)+"providerConfig:\n  images.pin: \"false\"\n", 0o600)
+	n.Bundle("v1.37.2")
+	api := testutil.NewAPI(t, "v1.37.2")
+	n.Member(api)
+	api.SetNode("n1", "v1.37.2", true)
+	if err := status.Write(n.R(), status.Document{Phase: status.PhaseConverged, Member: true, NodeVersion: "v1.37.2"}); err != nil {
+		t.Fatal(err)
+	}
+	healthyKubelet(t)
+	labelled := n.Path("/ctr-labelled")
+	n.Write(paths.Ctr, "#!/bin/sh\n# stand-in ctr: one image pinned by the provider\ncase \"$*\" in\n"+
+		"*' images ls -q labels.\"provider-kubernetes.kairos.io/bundled\"==true') echo registry.k8s.io/pause:3.10.1;;\n"+
+		"*' images label '*) echo \"$*\" >> "+labelled+";;\n*) echo \"unexpected: $*\" >&2; exit 1;;\nesac\n", 0o755)
+
+	out, err := exec.Command(bin, "reconcile", "--root", n.Root).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	got, err := os.ReadFile(labelled)
+	if want := "--address /run/containerd/containerd.sock --namespace k8s.io images label registry.k8s.io/pause:3.10.1 io.cri-containerd.pinned= provider-kubernetes.kairos.io/bundled=\n"; err != nil || string(got) != want {
+		t.Fatalf("ctr labelled %q (%v), want %q:\n%s", got, err, want, out)
+	}
+	if !strings.Contains(string(out), "msg=release-image-pins outcome=ok released=1 pin_failed=0") {
+		t.Fatalf("no release line:\n%s", out)
 	}
 }

@@ -238,7 +238,8 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	res := reconcile.Run(ctx, reconcile.Options{
 		Root: r, ClusterFile: *clusterFile, Runner: run, Log: log,
 		Steps: reconcile.Steps{RepairKubelet: repairStep(r, run, log), Bootstrap: boot.Bootstrap, EtcdSnapshot: snapshotStep(r, run, log),
-			Images: imagesStep(r, run, paths.ContainerdSocket, log)},
+			Images:      imagesStep(r, run, paths.ContainerdSocket, log),
+			ReleasePins: releasePinsStep(run, paths.ContainerdSocket, log)},
 	})
 	if res.Err != nil {
 		fmt.Fprintf(stderr, "reconcile: %s\n", status.Printable(res.Err.Error()))

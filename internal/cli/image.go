@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/kairos-io/provider-kubernetes/internal/imageimport"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
@@ -41,8 +42,9 @@ func cmdMigrateUnits(ctx context.Context, args []string, stdout, stderr io.Write
 // containerd holds at the locked digest is only listed, what is missing is
 // verified and imported), and an error naming any image still not there.
 // An image that bundles no images (no lock file) has nothing to check.
-func imagesStep(root paths.Root, run runner.Runner, address string, log *slog.Logger) func(context.Context) error {
-	return func(ctx context.Context) error {
+// pin false (images.pin: "false") pins nothing and takes off earlier pins.
+func imagesStep(root paths.Root, run runner.Runner, address string, log *slog.Logger) func(context.Context, bool) error {
+	return func(ctx context.Context, pin bool) error {
 		ok, err := imageimport.Bundles(root)
 		if err != nil {
 			return fmt.Errorf("the bundled images: %w", err)
@@ -51,7 +53,16 @@ func imagesStep(root paths.Root, run runner.Runner, address string, log *slog.Lo
 			log.Info("import-images", "outcome", "none", "detail", "the booted image bundles no images (no "+paths.ImageLock+")")
 			return nil
 		}
-		return imageimport.Run(ctx, imageimport.Options{Root: root, Runner: run, Address: address, Log: log}).NotInContainerd()
+		return imageimport.Run(ctx, imageimport.Options{Root: root, Runner: run, Address: address, Log: log, NoPin: !pin}).NotInContainerd()
+	}
+}
+
+// releasePinsStep wires into the pass the release of the pins the boot's
+// import-images set, for a node whose providerConfig turns them off.
+func releasePinsStep(run runner.Runner, address string, log *slog.Logger) func(context.Context) {
+	return func(ctx context.Context) {
+		imageimport.Release(ctx, imageimport.Options{Runner: run, Address: address, Log: log,
+			Budgets: imageimport.Budgets{Total: 2 * time.Minute, WaitContainerd: time.Minute, PerImage: time.Minute}})
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kairos-io/provider-kubernetes/internal/certs"
+	"github.com/kairos-io/provider-kubernetes/internal/imageimport"
 	"github.com/kairos-io/provider-kubernetes/internal/metrics"
 	"github.com/kairos-io/provider-kubernetes/internal/repair"
 	"github.com/kairos-io/provider-kubernetes/pkg/clusterconfig"
@@ -202,6 +203,13 @@ func (b Budgets) withOverrides(providerConfig map[string]string) (Budgets, []err
 			}
 			continue
 		}
+		if k == imageimport.PinKey {
+			// Not a budget: the bundled images' pins (or off).
+			if _, err := imageimport.PinWanted(providerConfig); err != nil {
+				problems = append(problems, fmt.Errorf("%w: %w", ErrProviderConfig, err))
+			}
+			continue
+		}
 		if k == certs.RenewBeforeKey {
 			// Not a budget: the opt-in certificate renewal's threshold.
 			if _, err := certs.RenewBefore(providerConfig); err != nil {
@@ -212,8 +220,8 @@ func (b Budgets) withOverrides(providerConfig map[string]string) (Budgets, []err
 		name, isBudget := strings.CutPrefix(k, BudgetKeyPrefix)
 		f, ok := fields[name]
 		if !isBudget || !ok {
-			problems = append(problems, fmt.Errorf("%w: providerConfig has an unknown key, %s: the keys are %s (a Go duration each, e.g. budget.verify: 6m), %s and %s",
-				ErrProviderConfig, clusterconfig.ShownKey(k, append(BudgetKeys(), metrics.Key, certs.RenewBeforeKey)), strings.Join(BudgetKeys(), ", "), metrics.Key, certs.RenewBeforeKey))
+			problems = append(problems, fmt.Errorf("%w: providerConfig has an unknown key, %s: the keys are %s (a Go duration each, e.g. budget.verify: 6m), %s, %s and %s",
+				ErrProviderConfig, clusterconfig.ShownKey(k, append(BudgetKeys(), metrics.Key, certs.RenewBeforeKey, imageimport.PinKey)), strings.Join(BudgetKeys(), ", "), metrics.Key, certs.RenewBeforeKey, imageimport.PinKey))
 			continue
 		}
 		d, err := time.ParseDuration(strings.TrimSpace(providerConfig[k]))

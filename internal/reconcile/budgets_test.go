@@ -52,6 +52,9 @@ func TestBudgetOverrides(t *testing.T) {
 		// upgrades.md: the snapshot "is bounded at two minutes": lower, never higher.
 		{map[string]string{"budget.etcdSnapshot": "2m1s"}, "budget.etcdSnapshot is above the snapshot step's bound of 2m0s"},
 		{map[string]string{"budget.etcdSnapshot": "10m"}, "may be lowered, not raised"},
+		{map[string]string{"images.pin": "no"}, `providerConfig images.pin is neither "true" nor "false"`},
+		{map[string]string{"images.pin": secret}, `providerConfig images.pin is neither "true" nor "false"`},
+		{map[string]string{"images.pins": "false"}, "did you mean images.pin?"},
 	} {
 		_, err := DefaultBudgets().WithOverrides(tc.pc)
 		if !errors.Is(err, ErrProviderConfig) || !strings.Contains(err.Error(), tc.want) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
 	"github.com/kairos-io/provider-kubernetes/pkg/plan"
 )
@@ -39,7 +40,10 @@ func TestKubeadmRunsOnlyWithTheBundledImages(t *testing.T) {
 				var checked, bootstrapped int
 				var before []string // the commands run when the images were checked
 				res := e.run(Steps{
-					Images: func(context.Context) error {
+					Images: func(_ context.Context, pin bool) error {
+						if !pin {
+							t.Errorf("pins off without images.pin: \"false\"")
+						}
 						checked++
 						before = e.lines()
 						if missing {
@@ -76,5 +80,53 @@ func TestKubeadmRunsOnlyWithTheBundledImages(t *testing.T) {
 				e.logHas(t, "msg="+c.action, "outcome=failed", "reason=BundledImagesMissing", "registry.k8s.io/etcd:3.7.0-0")
 			}
 		})
+	}
+}
+
+// providerConfig images.pin: "false": every pass, a converged one too,
+// first takes off the pins the boot's import-images set (it cannot read
+// the setting), and the images step before kubeadm pins nothing. Without
+// the key, nothing is released and the step pins.
+func TestPinsOffAreTakenOffEveryPass(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		for _, c := range []struct {
+			name         string
+			nodeV        string
+			wantImages   int
+			wantCommands []string
+		}{
+			{"converged", "v1.37.2", 0, nil},
+			{"upgrade node", "v1.36.3", 1, nodeLines},
+		} {
+			e := newEnv(t, "worker", "v1.37.2", "v1.37.2", c.nodeV, "v1.37.2", "")
+			e.api.SetNode("n1", c.nodeV, true)
+			if off {
+				e.node.Write(paths.ClusterFile, e.node.Read(paths.ClusterFile)+"providerConfig:\n  images.pin: \"false\"\n", 0o600)
+			}
+			var released, imaged int
+			var order []string
+			res := e.run(Steps{
+				ReleasePins: func(context.Context) { released++; order = append(order, "release") },
+				Images: func(_ context.Context, pin bool) error {
+					imaged++
+					order = append(order, "images")
+					if pin == off {
+						t.Errorf("off=%v %s: the images step asked to pin=%v", off, c.name, pin)
+					}
+					return nil
+				},
+			})
+			wantReleased := 0
+			if off {
+				wantReleased = 1
+			}
+			if res.ExitCode != ExitOK || released != wantReleased || imaged != c.wantImages ||
+				len(e.lines()) != len(c.wantCommands) || c.wantCommands != nil && !reflect.DeepEqual(e.lines(), c.wantCommands) {
+				t.Fatalf("off=%v %s: exit %d %v, released %d, images %d, ran %q\n%s", off, c.name, res.ExitCode, res.Err, released, imaged, e.lines(), e.logBuf.String())
+			}
+			if off && order[0] != "release" {
+				t.Fatalf("off %s: %v", c.name, order)
+			}
+		}
 	}
 }

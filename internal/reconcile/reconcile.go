@@ -19,6 +19,7 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/fsutil"
+	"github.com/kairos-io/provider-kubernetes/internal/imageimport"
 	"github.com/kairos-io/provider-kubernetes/internal/kubeadmbackup"
 	"github.com/kairos-io/provider-kubernetes/internal/metrics"
 	"github.com/kairos-io/provider-kubernetes/internal/observe"
@@ -98,8 +99,14 @@ type Steps struct {
 	// apply, upgrade node): the images the booted image bundles must be in
 	// containerd (the kubelet's image GC may have removed one since the
 	// boot's import), imported again if not; its error names those that
-	// are not. nil: not checked.
-	Images func(ctx context.Context) error
+	// are not. pin is providerConfig's images.pin: false pins nothing and
+	// takes off the pins set earlier. nil: not checked.
+	Images func(ctx context.Context, pin bool) error
+	// ReleasePins runs early in every pass whose providerConfig turns the
+	// bundled images' pins off (images.pin: "false"): it takes off the
+	// pins the boot's import-images set, which cannot read the setting. It
+	// never fails the pass; it logs its own line. nil: not run.
+	ReleasePins func(ctx context.Context)
 }
 
 // SnapshotReport is what the etcd snapshot step reports.
@@ -168,7 +175,9 @@ type pass struct {
 	certsRead bool
 	// metricsDir is the metrics textfile's directory ("" turned off);
 	// metricsFailed: its write failed once in this pass (logged once).
-	metricsDir    string
+	metricsDir string
+	// pin is providerConfig's images.pin (true unless "false").
+	pin           bool
 	metricsFailed bool
 	// renewed says what a certificate renewal of this pass did (its Event).
 	renewed string
@@ -206,7 +215,7 @@ func Run(ctx context.Context, opts Options) Result {
 	}
 	defer unlock()
 
-	p := &pass{Options: opts, metricsDir: metrics.DefaultDir}
+	p := &pass{Options: opts, metricsDir: metrics.DefaultDir, pin: true}
 	// Before anything is observed: a pass killed while it restarted the
 	// static pods left their manifests parked.
 	p.restoreParked()
@@ -288,6 +297,10 @@ func (p *pass) run(ctx context.Context) Result {
 	if obs.Config.Cluster != nil {
 		// Checked with the budgets above.
 		p.metricsDir, _ = metrics.Dir(obs.Config.Cluster.ProviderConfig)
+		p.pin, _ = imageimport.PinWanted(obs.Config.Cluster.ProviderConfig)
+	}
+	if !p.pin && p.Steps.ReleasePins != nil {
+		p.Steps.ReleasePins(ctx)
 	}
 	obs.Budgets = p.Budgets
 	pl := plan.Decide(images.Window(), obs.Facts)
@@ -550,7 +563,7 @@ func (p *pass) images(ctx context.Context) error {
 	if p.Steps.Images == nil {
 		return nil
 	}
-	return p.Steps.Images(ctx)
+	return p.Steps.Images(ctx, p.pin)
 }
 
 func (p *pass) repairKubelet(ctx context.Context, obs Observation) error {

@@ -389,7 +389,7 @@ var BudgetNames = []string{"apiRequest", "certificateRenewal", "clusterVersion",
 // providerConfigKeys are the providerConfig keys an error may name: the
 // budgets, and the nested budgets: of old releases (refused by name).
 func providerConfigKeys() []string {
-	keys := []string{"budgets", "metrics.textfileDir", "certificates.renewBefore"}
+	keys := []string{"budgets", "metrics.textfileDir", "certificates.renewBefore", "images.pin"}
 	for _, n := range BudgetNames {
 		keys = append(keys, "budget."+n)
 	}
