@@ -18,6 +18,7 @@ import (
 
 	"github.com/kairos-io/provider-kubernetes/images"
 	"github.com/kairos-io/provider-kubernetes/internal/certs"
+	"github.com/kairos-io/provider-kubernetes/internal/imageimport"
 	"github.com/kairos-io/provider-kubernetes/internal/metrics"
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/publish"
@@ -207,8 +208,18 @@ func TestReferenceBudgets(t *testing.T) {
 	if row, ok := rows[certs.RenewBeforeKey]; !ok || len(row) < 3 || !strings.Contains(row[1], "off") || !strings.Contains(row[2], "`"+strings.TrimSuffix(certs.MaxRenewBefore.String(), "0m0s")+"`") {
 		t.Errorf("docs/reference.md: %s is not documented as off by default with its bound %s: %q", certs.RenewBeforeKey, certs.MaxRenewBefore, row)
 	}
+	// And the bundled images' pins, on by default: the pass's own check of
+	// the value is what a documented value must pass.
+	if row, ok := rows[imageimport.PinKey]; !ok || len(row) < 3 || row[1] != "`\"true\"`" || !strings.Contains(row[2], "`\"false\"`") {
+		t.Errorf("docs/reference.md: %s is not documented as \"true\" by default, \"false\" to turn it off: %q", imageimport.PinKey, row)
+	}
+	for _, v := range []string{"true", "false"} {
+		if _, err := imageimport.PinWanted(map[string]string{imageimport.PinKey: v}); err != nil {
+			t.Errorf("%s: %q: %v", imageimport.PinKey, v, err)
+		}
+	}
 	for k := range rows {
-		if !contains(keys, k) && k != metrics.Key && k != certs.RenewBeforeKey {
+		if !contains(keys, k) && k != metrics.Key && k != certs.RenewBeforeKey && k != imageimport.PinKey {
 			t.Errorf("docs/reference.md documents %s, not a providerConfig key", k)
 		}
 	}
