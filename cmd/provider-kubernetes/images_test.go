@@ -10,7 +10,6 @@ import (
 	"github.com/kairos-io/provider-kubernetes/internal/paths"
 	"github.com/kairos-io/provider-kubernetes/internal/reconcile"
 	"github.com/kairos-io/provider-kubernetes/internal/status"
-	"github.com/kairos-io/provider-kubernetes/internal/testutil"
 )
 
 // The real binary's pass, on a sandbox worker due for kubeadm upgrade
@@ -58,17 +57,8 @@ func TestThePassChecksTheBundledImagesBeforeKubeadm(t *testing.T) {
 // and records the label command the pass runs on it.
 func TestThePassTakesThePinsOffWhenTurnedOff(t *testing.T) {
 	bin := buildProvider(t)
-	n := testutil.NewNode(t, "n1")
-	n.ClusterFile("worker", "v1.37.2", "")
+	n := sandboxWorker(t, "v1.37.2")
 	n.Write(paths.ClusterFile, n.Read(paths.ClusterFile)+"providerConfig:\n  images.pin: \"false\"\n", 0o600)
-	n.Bundle("v1.37.2")
-	api := testutil.NewAPI(t, "v1.37.2")
-	n.Member(api)
-	api.SetNode("n1", "v1.37.2", true)
-	if err := status.Write(n.R(), status.Document{Phase: status.PhaseConverged, Member: true, NodeVersion: "v1.37.2"}); err != nil {
-		t.Fatal(err)
-	}
-	healthyKubelet(t)
 	labelled := n.Path("/ctr-labelled")
 	n.Write(paths.Ctr, "#!/bin/sh\n# stand-in ctr: one image pinned by the provider\ncase \"$*\" in\n"+
 		"*' images ls -q labels.\"provider-kubernetes.kairos.io/bundled\"==true') echo registry.k8s.io/pause:3.10.1;;\n"+

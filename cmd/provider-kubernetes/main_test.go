@@ -76,13 +76,20 @@ func healthyKubelet(t *testing.T) {
 // upgrade node first.
 func workerDueForUpgradeNode(t *testing.T) *testutil.Node {
 	t.Helper()
+	return sandboxWorker(t, "v1.36.3")
+}
+
+// sandboxWorker is a sandbox worker of a v1.37.2 cluster, pinned at
+// v1.37.2 and booted on the v1.37.2 image, last converged at nodeV.
+func sandboxWorker(t *testing.T, nodeV string) *testutil.Node {
+	t.Helper()
 	n := testutil.NewNode(t, "n1")
 	n.ClusterFile("worker", "v1.37.2", "")
 	n.Bundle("v1.37.2")
 	api := testutil.NewAPI(t, "v1.37.2")
 	n.Member(api)
-	api.SetNode("n1", "v1.36.3", true)
-	if err := status.Write(n.R(), status.Document{Phase: status.PhaseConverged, Member: true, NodeVersion: "v1.36.3"}); err != nil {
+	api.SetNode("n1", nodeV, true)
+	if err := status.Write(n.R(), status.Document{Phase: status.PhaseConverged, Member: true, NodeVersion: nodeV}); err != nil {
 		t.Fatal(err)
 	}
 	healthyKubelet(t)

@@ -177,6 +177,24 @@ func (r Result) NotInContainerd() error {
 	return fmt.Errorf("bundled images not in containerd: %s (msg=image-refused or msg=image-import-failed says why)", strings.Join(refs, ", "))
 }
 
+// withDefaults fills what o leaves empty: no log, /usr/bin/ctr, the
+// system socket, DefaultBudgets.
+func (o Options) withDefaults() Options {
+	if o.Log == nil {
+		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.Ctr == "" {
+		o.Ctr = paths.Ctr
+	}
+	if o.Address == "" {
+		o.Address = paths.ContainerdSocket
+	}
+	if o.Budgets == (Budgets{}) {
+		o.Budgets = DefaultBudgets()
+	}
+	return o
+}
+
 // Sentinel reasons a tarball is refused for.
 var (
 	ErrSymlink    = errors.New("a symlink: not followed")
@@ -194,18 +212,7 @@ var (
 // line per image not imported.
 func Run(ctx context.Context, o Options) Result {
 	start := time.Now()
-	if o.Log == nil {
-		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	if o.Ctr == "" {
-		o.Ctr = paths.Ctr
-	}
-	if o.Address == "" {
-		o.Address = paths.ContainerdSocket
-	}
-	if o.Budgets == (Budgets{}) {
-		o.Budgets = DefaultBudgets()
-	}
+	o = o.withDefaults()
 	ctx, cancel := context.WithTimeout(ctx, o.Budgets.Total)
 	defer cancel()
 	res := run(ctx, o)
@@ -403,18 +410,7 @@ func (o Options) release(ctx context.Context, keep func(name string) bool, res *
 // (msg=release-image-pins). It reads no lock file and imports nothing.
 func Release(ctx context.Context, o Options) Result {
 	start := time.Now()
-	if o.Log == nil {
-		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	if o.Ctr == "" {
-		o.Ctr = paths.Ctr
-	}
-	if o.Address == "" {
-		o.Address = paths.ContainerdSocket
-	}
-	if o.Budgets == (Budgets{}) {
-		o.Budgets = DefaultBudgets()
-	}
+	o = o.withDefaults()
 	ctx, cancel := context.WithTimeout(ctx, o.Budgets.Total)
 	defer cancel()
 	var res Result
