@@ -117,7 +117,7 @@ type Result struct {
 	Refused   []Refusal // failed a check: never handed to containerd
 	Failed    []Refusal // passed the checks, but the import or its verification failed
 	Pinned    []string  // in containerd and pinned by this run (the others were pinned already)
-	Released  []string  // pinned by an earlier run, not in this lock file: pin and mark removed
+	Released  []string  // pin and mark taken off: an earlier run's, not in this lock file (with NoPin, all)
 	PinFailed []Refusal // in containerd but not pinned, or not released, and why
 	Err       error     // the run could not start (lock file, images directory, containerd)
 	ExitCode  int       // 0 when every image is in containerd, else 1
