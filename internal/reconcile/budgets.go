@@ -220,8 +220,9 @@ func (b Budgets) withOverrides(providerConfig map[string]string) (Budgets, []err
 		name, isBudget := strings.CutPrefix(k, BudgetKeyPrefix)
 		f, ok := fields[name]
 		if !isBudget || !ok {
-			problems = append(problems, fmt.Errorf("%w: providerConfig has an unknown key, %s: the keys are %s (a Go duration each, e.g. budget.verify: 6m), %s, %s and %s",
-				ErrProviderConfig, clusterconfig.ShownKey(k, append(BudgetKeys(), metrics.Key, certs.RenewBeforeKey, imageimport.PinKey)), strings.Join(BudgetKeys(), ", "), metrics.Key, certs.RenewBeforeKey, imageimport.PinKey))
+			others := []string{metrics.Key, certs.RenewBeforeKey, imageimport.PinKey}
+			problems = append(problems, fmt.Errorf("%w: providerConfig has an unknown key, %s: the keys are %s (a Go duration each, e.g. budget.verify: 6m), %s and %s",
+				ErrProviderConfig, clusterconfig.ShownKey(k, append(BudgetKeys(), others...)), strings.Join(BudgetKeys(), ", "), strings.Join(others[:len(others)-1], ", "), others[len(others)-1]))
 			continue
 		}
 		d, err := time.ParseDuration(strings.TrimSpace(providerConfig[k]))

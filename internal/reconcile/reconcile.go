@@ -175,10 +175,10 @@ type pass struct {
 	certsRead bool
 	// metricsDir is the metrics textfile's directory ("" turned off);
 	// metricsFailed: its write failed once in this pass (logged once).
-	metricsDir string
-	// pin is providerConfig's images.pin (true unless "false").
-	pin           bool
+	metricsDir    string
 	metricsFailed bool
+	// pin is providerConfig's images.pin (true unless "false").
+	pin bool
 	// renewed says what a certificate renewal of this pass did (its Event).
 	renewed string
 }
