@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -32,12 +31,8 @@ func Containerd(ctx context.Context, log io.Writer) (map[string]string, error) {
 	// them in order only after all were built.
 	last := out[ContainerdCommands[len(ContainerdCommands)-1]]
 	err := cached(last, fmt.Sprintf("%s (%s@%s)", strings.Join(ContainerdCommands, ", "), ContainerdModule, images.Containerd), log, func() error {
-		wrap := filepath.Join(CacheDir(), "wrap", key)
-		if err := os.MkdirAll(wrap, 0o755); err != nil {
-			return err
-		}
-		gm := fmt.Sprintf("module example.com/wrap\n\ngo 1.26.3\n\nrequire %s %s\n", ContainerdModule, images.Containerd)
-		if err := os.WriteFile(filepath.Join(wrap, "go.mod"), []byte(gm), 0o644); err != nil {
+		wrap, err := requireWrapper(key, ContainerdModule, images.Containerd)
+		if err != nil {
 			return err
 		}
 		var pkgs []string

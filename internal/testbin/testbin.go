@@ -187,12 +187,8 @@ func goBinary(ctx context.Context, module, ver, pkg, name, ldflags, tags string,
 	key := strings.ReplaceAll(module, "/", "_") + "@" + ver
 	out := filepath.Join(CacheDir(), "bin", key, name)
 	return out, cached(out, fmt.Sprintf("%s (%s@%s)", name, module, ver), log, func() error {
-		wrap := filepath.Join(CacheDir(), "wrap", key)
-		if err := os.MkdirAll(wrap, 0o755); err != nil {
-			return err
-		}
-		gm := fmt.Sprintf("module example.com/wrap\n\ngo 1.26.0\n\nrequire %s %s\n", module, ver)
-		if err := os.WriteFile(filepath.Join(wrap, "go.mod"), []byte(gm), 0o644); err != nil {
+		wrap, err := requireWrapper(key, module, ver)
+		if err != nil {
 			return err
 		}
 		if ldflags == "" {
@@ -200,6 +196,18 @@ func goBinary(ctx context.Context, module, ver, pkg, name, ldflags, tags string,
 		}
 		return goBuild(ctx, wrap, out, pkg, ldflags, tags, true, log)
 	})
+}
+
+// requireWrapper writes the wrapper module a build of module@ver runs in
+// (the cache's wrap/<key>: a go.mod requiring exactly that version; the
+// build's -mod=mod resolves the rest) and returns its directory.
+func requireWrapper(key, module, ver string) (string, error) {
+	wrap := filepath.Join(CacheDir(), "wrap", key)
+	if err := os.MkdirAll(wrap, 0o755); err != nil {
+		return "", err
+	}
+	gm := fmt.Sprintf("module example.com/wrap\n\ngo 1.26.0\n\nrequire %s %s\n", module, ver)
+	return wrap, os.WriteFile(filepath.Join(wrap, "go.mod"), []byte(gm), 0o644)
 }
 
 // Etcd returns a cached etcd server binary at ver ("v3.6.8").
