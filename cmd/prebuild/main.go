@@ -78,11 +78,11 @@ func run(ctx context.Context, minors string, e2eBase bool, out io.Writer) error 
 				continue
 			}
 			seen[b.What] = true
-			for_ := " (the " + e.Minor + " image)"
+			which := " (the " + e.Minor + " image)"
 			if slices.Contains(b.Names, "containerd") {
-				for_ = " (every image)"
+				which = " (every image)"
 			}
-			steps = append(steps, step{what: b.What + for_, build: func(ctx context.Context, log io.Writer) error {
+			steps = append(steps, step{what: b.What + which, build: func(ctx context.Context, log io.Writer) error {
 				_, err := b.Build(ctx, log)
 				return err
 			}})

@@ -29,11 +29,11 @@ func TestPrebuildSaysWhatAndHowFar(t *testing.T) {
 	}
 	n := len(bs) + 2
 	for i, b := range bs {
-		for_ := " (the " + e.Minor + " image): "
+		which := " (the " + e.Minor + " image): "
 		if i == 0 {
-			for_ = " (every image): "
+			which = " (every image): "
 		}
-		line := "[" + itoa(i+1) + "/" + itoa(n) + "] " + b.What + for_
+		line := "[" + itoa(i+1) + "/" + itoa(n) + "] " + b.What + which
 		if !strings.Contains(out.String(), line+"cached\n") && !strings.Contains(out.String(), line+"built in ") {
 			t.Fatalf("no %q line:\n%s", line, out.String())
 		}
