@@ -472,8 +472,8 @@ func checkBoot(t *testing.T, what string, rep report, mode string, e images.Mino
 	case want.refusal != "" && (len(pl.Actions) != 0 || pl.Verdict != "refuse"):
 		t.Errorf("%s: plan's verdict %q with actions %v, want a refusal before anything runs", what, pl.Verdict, pl.Actions)
 	case want.refusal == "" && (st.Phase != "Converged" || st.NodeVersion != want.version || pl.Verdict != "none"):
-		t.Errorf("%s: phase %q at %q (%q), plan's verdict %q with actions %v, want converged at %s with nothing left to do\nreconcile log:\n%s\nkubectl get nodes,pods:\n%s\nDNS:\n%s",
-			what, st.Phase, st.NodeVersion, st.Message, pl.Verdict, pl.Actions, want.version, rep.blob(t, "reconcile-log"), rep.blob(t, "kube"), rep.blob(t, "dns"))
+		t.Errorf("%s: phase %q at %q (%q), plan's verdict %q with actions %v, want converged at %s with nothing left to do\nreconcile log:\n%s\nkubectl get nodes,pods:\n%s\nDNS:\n%s\nkube-proxy:\n%s",
+			what, st.Phase, st.NodeVersion, st.Message, pl.Verdict, pl.Actions, want.version, rep.blob(t, "reconcile-log"), rep.blob(t, "kube"), rep.blob(t, "dns"), rep.blob(t, "proxy"))
 	}
 	// pin reads the pin where Kairos keeps it (/oem, root:admin 0770 on a
 	// real node).
@@ -482,7 +482,7 @@ func checkBoot(t *testing.T, what string, rep report, mode string, e images.Mino
 	}
 	t.Logf("%s: mode %s, bundled %s, phase %s at %q, refusal %q (plan: %s %q)", what, mode, st.Bundled, st.Phase, st.NodeVersion, st.Refusal, pl.Verdict, pl.Refusal)
 	if want.refusal == "" {
-		t.Logf("%s: the pass, as it logged it:\n%s\nthe cluster:\n%s\nDNS:\n%s", what, rep.blob(t, "reconcile-log"), rep.blob(t, "kube"), rep.blob(t, "dns"))
+		t.Logf("%s: the pass, as it logged it:\n%s\nthe cluster:\n%s\nDNS:\n%s\nkube-proxy:\n%s", what, rep.blob(t, "reconcile-log"), rep.blob(t, "kube"), rep.blob(t, "dns"), rep.blob(t, "proxy"))
 	}
 	// The pass ran once, after Kairos's boot stage.
 	inv := map[string]bool{}
@@ -666,6 +666,7 @@ blob mounts findmnt -rn -o TARGET,SOURCE,FSTYPE
 blob failed systemctl --failed --no-legend
 blob kube sh -c '[ -e /etc/kubernetes/admin.conf ] && kubectl --kubeconfig /etc/kubernetes/admin.conf get nodes,pods -A -o wide --request-timeout=60s' 
 blob dns sh -c 'echo "# /etc/resolv.conf"; cat /etc/resolv.conf; echo "# the resolvConf of the kubelet"; grep -h resolvConf /var/lib/kubelet/config.yaml; grep -h resolv-conf /var/lib/kubelet/kubeadm-flags.env; [ -e /etc/kubernetes/admin.conf ] && { echo "# CoreDNS (the last run that ended)"; kubectl --kubeconfig /etc/kubernetes/admin.conf -n kube-system logs -l k8s-app=kube-dns --previous --tail=20 --request-timeout=30s; echo "# CoreDNS (now)"; kubectl --kubeconfig /etc/kubernetes/admin.conf -n kube-system logs -l k8s-app=kube-dns --tail=20 --request-timeout=30s; }'
+blob proxy sh -c '[ -e /etc/kubernetes/admin.conf ] || exit 0; echo "# ip -4 route"; ip -4 route; echo "# ip -6 route"; ip -6 route; echo "# iptables-save -t nat (KUBE- lines)"; iptables-save -t nat 2>&1 | grep -c "KUBE-"; iptables-save -t nat 2>&1 | grep -E "KUBE-SERVICES|10\.96\.0\.1" | head -n 8; echo "# the containers"; ctr -n k8s.io containers ls 2>&1 | head -n 40; ctr -n k8s.io tasks ls 2>&1 | head -n 40; for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" = kube-proxy ] || continue; p=${d#/proc/}; echo "# kube-proxy pid $p"; cat /proc/$p/status | grep -E "^(State|Threads)"; ls -l /proc/$p/fd/1 /proc/$p/fd/2; cat /proc/$p/task/*/wchan 2>/dev/null | tr "\\0" "\\n" | sort | uniq -c; echo; done; for f in /var/log/pods/kube-system_kube-proxy-*/kube-proxy/*.log; do echo "# $f"; ls -l "$f"; tail -n 25 "$f"; done'
 blob markers sh -c 'for p in ` + "MARKERS" + `; do [ -f "$p/.pk-test-marker" ] && echo "$p kept" || echo "$p lost"; done'
 if [ -e $S/write-markers ]; then
   for p in ` + "MARKERS" + `; do mkdir -p "$p" && echo marker > "$p/.pk-test-marker"; done
