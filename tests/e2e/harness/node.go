@@ -454,6 +454,20 @@ func (n *Node) exec(ctx context.Context, args []string) (runner.Result, error) {
 	return n.c.o.Runner.Run(ctx, runner.Cmd{Path: "/bin/sh", Args: execArgv(procs, n.c.tools.path("nsenter"), pid, args), Timeout: 10 * time.Minute})
 }
 
+// killCgroups writes 1 to cgroup.kill beside each cgroup.procs of the
+// container's cgroup roots that has one (cgroup v2 since Linux 5.14): every
+// process in that subtree gets SIGKILL at once.
+func killCgroups(procs []string) {
+	for _, p := range procs {
+		f, err := os.OpenFile(filepath.Join(filepath.Dir(p), "cgroup.kill"), os.O_WRONLY, 0)
+		if err != nil {
+			continue
+		}
+		_, _ = f.Write([]byte("1"))
+		f.Close()
+	}
+}
+
 // containerCgroups are the cgroup.procs files of the container's cgroup
 // roots: where its systemd sits, less systemd's own /init.scope (nspawn
 // puts the payload one level down in the hierarchies systemd manages).
@@ -585,12 +599,21 @@ func (n *Node) Kill(ctx context.Context) error {
 
 func (n *Node) kill(ctx context.Context, why string) error {
 	n.mu.Lock()
-	proc, done, nspawn, leader := n.proc, n.done, n.nspawn, n.leader
+	proc, done, nspawn, leader, procs := n.proc, n.done, n.nspawn, n.leader, n.execProcs
 	n.mu.Unlock()
 	if proc == nil {
 		return nil
 	}
 	if !closed(done) {
+		// A power cut stops every process at once. SIGKILL to systemd
+		// alone does not: the kernel kills the rest of the container
+		// only as systemd exits, and a pass blocked on systemctl sees
+		// systemd go first and logs its way to the end (seen on a fast
+		// machine: restart-kubelet failed, reconcile-done, all before the
+		// kill landed). cgroup v2's cgroup.kill puts SIGKILL on every
+		// process of the container in one go; the leader's SIGKILL stays
+		// for a host without it.
+		killCgroups(procs)
 		if leader.PID > 0 && alive(leader) {
 			_ = syscall.Kill(leader.PID, syscall.SIGKILL)
 		}
